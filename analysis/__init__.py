@@ -1,0 +1,1 @@
+"""SBP sharding algebra, cost prediction, strategy search, ranking metrics, validation harness."""

@@ -1,0 +1,79 @@
+"""`commcal <subcommand>`: a thin dispatcher. Each subcommand lives in the package that owns it and is
+imported only when chosen, so MPI ranks never pay for matplotlib or statsmodels."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from microbench.errors import UsageError
+
+# name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sweep": ("microbench.sweep_cmd", "measure collectives across sizes, process counts and links (run under mpirun/srun)"),
+    "fit": ("calib.fit_cmd", "fit alpha/beta models from sweep runs and write a calibration JSON"),
+    "predict": ("calib.predict_cmd", "predict a collective's time, or a layer strategy's plan and cost, from a calibration"),
+    "table": ("calib.table_cmd", "print a calibration's alpha/beta tables"),
+    "search": ("analysis.search_cmd", "search SBP sharding strategies for a model on a device mesh"),
+    "validate": ("analysis.validate_cmd", "run real SBP strategies and score predicted vs measured ranking (under mpirun/srun)"),
+    "report": ("reports.report_cmd", "build an HTML/Markdown report with figures"),
+    "diff": ("reports.diff_cmd", "compare two calibrations of a machine"),
+}
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher told it (0 outside MPI); read from the environment so that
+    usage errors print once without initialising MPI."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit 2, once per job."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _fail(message: str) -> int:
+    if launcher_rank() == 0:
+        print(f"commcal: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def build_parser(name: str | None) -> tuple[_Parser, object | None]:
+    parser = _Parser(prog="commcal", description="Calibrate cluster communication for parallelization planners.")
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
+    module = None
+    for cmd, (modname, helptext) in SUBCOMMANDS.items():
+        sp = sub.add_parser(cmd, help=helptext, description=helptext)
+        if cmd == name:
+            module = importlib.import_module(modname)
+            module.add_arguments(sp)
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    name = next((a for a in argv if not a.startswith("-")), None)
+    try:
+        if name is not None and name not in SUBCOMMANDS:
+            raise UsageError(f"unknown subcommand {name!r}; choose from {', '.join(SUBCOMMANDS)}")
+        parser, module = build_parser(name)
+        args = parser.parse_args(argv)
+        if module is None:
+            parser.print_help()
+            return 2
+        return int(module.run(args) or 0)
+    except UsageError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The on-disk format of a sweep run directory: the contract between microbench (writer) and calib,
+reports (readers). Pure: pandas/pyarrow only.
+
+A run directory holds:
+  run.json                    provenance (schema "commcal.run", version RUN_SCHEMA_VERSION)
+  points/<point_id>.json      one finished point's summary record (written last, atomically: its
+                              presence means the point is complete)
+  points/<point_id>.parquet   that point's samples (one row per timed iteration)
+  summary.parquet, summary.csv, samples.parquet
+                              every point consolidated, written when the sweep ends; readers fall
+                              back to points/ for a run that was killed before that.
+
+Size conventions (nccl-tests): `size_bytes` is the whole buffer each rank passes for allreduce,
+bcast and reduce; the whole gathered (receive) buffer for allgather; the whole send buffer for
+reduce_scatter and alltoall; the message for pingpong and sendrecv (each direction); one square
+operand for gemm. algbw = size_bytes / median_s; busbw = algbw * bus_factor(op, p), and
+bytes_per_rank = size_bytes * bus_factor(op, p) is what an optimal algorithm sends per rank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from microbench.errors import UsageError
+
+RUN_SCHEMA = "commcal.run"
+RUN_SCHEMA_VERSION = 1
+
+LINK_CLASSES = ("intra", "inter", "spread")
+"""intra: all ranks on one node; inter: one rank per node; spread: the job's own layout, several
+ranks on each of several nodes."""
+
+
+@dataclass(frozen=True)
+class PointKey:
+    """What identifies a measurement point; resume skips keys already on disk."""
+
+    backend: str
+    op: str
+    link: str
+    procs: int
+    requested_bytes: int
+    dtype: str
+
+    @property
+    def point_id(self) -> str:
+        return f"{self.backend}-{self.op}-{self.link}-p{self.procs}-{self.requested_bytes}B-{self.dtype}"
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """One row of summary.parquet / summary.csv. Times in seconds, bandwidths in bytes per second."""
+
+    run_id: str
+    point_id: str
+    backend: str
+    op: str
+    link: str
+    nodes: int
+    ranks_per_node: int
+    procs: int
+    requested_bytes: int
+    size_bytes: int          # actual, after rounding the element count to the layout (see module doc)
+    count: int               # elements per rank's send buffer
+    dtype: str
+    bytes_per_rank: float
+    in_place: bool
+    timing_path: str         # "c" (compiled loop) or "python"
+    samples: int
+    median_s: float
+    ci_low_s: float
+    ci_high_s: float
+    min_s: float
+    p95_s: float
+    mean_s: float
+    target_ci: float
+    target_met: bool
+    algbw_Bps: float
+    busbw_Bps: float
+    wrong: int               # elements that differed from the expected result in check iterations
+    flops: float             # per iteration for gemm, 0 otherwise
+    flops_per_s: float       # flops / median_s for gemm, 0 otherwise
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SUMMARY_COLUMNS = tuple(PointSummary.__dataclass_fields__)
+SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s")
+"""samples: time_s is one timed iteration, the max over the participating ranks."""
+
+
+def read_run_json(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise UsageError(f"{run_dir}: not a commcal run directory (no run.json)")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: unreadable run.json ({exc})") from None
+    if meta.get("schema") != RUN_SCHEMA or meta.get("version") != RUN_SCHEMA_VERSION:
+        raise UsageError(f"{path}: schema {meta.get('schema')!r} version {meta.get('version')!r} is not "
+                         f"{RUN_SCHEMA!r} version {RUN_SCHEMA_VERSION}")
+    return meta
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt or truncated files
+        raise UsageError(f"{path}: corrupt or truncated Parquet file ({type(exc).__name__})") from None
+
+
+def load_summary(run_dir: str | Path) -> pd.DataFrame:
+    """Every finished point's summary row; from summary.parquet, or from points/ if the run was cut short."""
+    run_dir = Path(run_dir)
+    read_run_json(run_dir)
+    consolidated = run_dir / "summary.parquet"
+    if consolidated.is_file():
+        return _read_parquet(consolidated)
+    rows = []
+    for f in sorted((run_dir / "points").glob("*.json")):
+        try:
+            rows.append(json.loads(f.read_text()))
+        except ValueError:
+            raise UsageError(f"{f}: corrupt point record") from None
+    if not rows:
+        raise UsageError(f"{run_dir}: run holds no finished points")
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def load_samples(run_dir: str | Path) -> pd.DataFrame:
+    """Every timed iteration of every finished point (columns SAMPLE_COLUMNS)."""
+    run_dir = Path(run_dir)
+    read_run_json(run_dir)
+    consolidated = run_dir / "samples.parquet"
+    if consolidated.is_file():
+        return _read_parquet(consolidated)
+    done = {f.stem for f in (run_dir / "points").glob("*.json")}
+    frames = [_read_parquet(run_dir / "points" / f"{pid}.parquet") for pid in sorted(done)]
+    if not frames:
+        raise UsageError(f"{run_dir}: run holds no samples")
+    return pd.concat(frames, ignore_index=True)

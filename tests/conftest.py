@@ -1,0 +1,54 @@
+"""Shared test helpers: real mpirun jobs (honouring MPIEXEC), oversubscribed, unbound."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_mpi_yield_when_idle="1", PRTE_MCA_hwloc_default_binding_policy="none",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def mpiexec_argv(n: int) -> list[str]:
+    """The launcher for n local ranks: $MPIEXEC if set, else the mpirun next to this Python."""
+    custom = os.environ.get("MPIEXEC")
+    if custom:
+        return [*shlex.split(custom), "-n", str(n)]
+    mpirun = shutil.which("mpirun", path=str(VENV_BIN)) or shutil.which("mpirun")
+    if mpirun is None:
+        pytest.fail("no mpirun: run ./bootstrap.sh test, which installs one")
+    return [mpirun, "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+
+
+def commcal_argv() -> list[str]:
+    return [sys.executable, "-m", "microbench.cli"]
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 300, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    """Run `commcal ARGS` on n real MPI ranks."""
+    proc = subprocess.run([*mpiexec_argv(n), *commcal_argv(), *args], env=mpi_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def run_cli(args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run `commcal ARGS` as one plain process."""
+    return subprocess.run([*commcal_argv(), *args], env=mpi_env(), cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, **kw)
