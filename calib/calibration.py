@@ -1,0 +1,212 @@
+"""The calibration file: the one loader (validates against calibration.schema.json, rejects unknown
+versions, missing or unknown keys and wrong types with one line naming the key) and the predictions
+every consumer (predict, analysis, reports) makes from it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from jsonschema import Draft202012Validator
+
+from calib.algorithms import P2P_OPS, algorithm
+from microbench.errors import UsageError
+
+SCHEMA = "commcal.calibration"
+VERSION = 1
+SCHEMA_FILE = "calibration.schema.json"
+Z95 = 1.959963984540054
+
+
+@functools.cache
+def json_schema() -> dict:
+    """The published JSON Schema of the calibration file (calib/calibration.schema.json)."""
+    return json.loads(resources.files("calib").joinpath(SCHEMA_FILE).read_text())
+
+
+def _key(path, *more) -> str:
+    return ".".join(str(p) for p in (*path, *more)) or "<top level>"
+
+
+def _describe(err) -> str:
+    """One line for a jsonschema error, naming the offending key."""
+    path = list(err.absolute_path)
+    kind = err.validator
+    if kind == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return f"missing key '{_key(path, missing[0])}'"
+    if kind == "additionalProperties":
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in allowed)
+        return f"unknown key '{_key(path, extra[0])}'"
+    if "propertyNames" in err.schema_path:
+        return f"unknown key '{_key(path, err.instance)}'"
+    if kind == "type":
+        return f"key '{_key(path)}' must be of type {err.validator_value}, not {type(err.instance).__name__}"
+    if kind in ("enum", "const"):
+        allowed = err.validator_value if kind == "enum" else [err.validator_value]
+        return f"key '{_key(path)}' is {err.instance!r}, expected one of {allowed}"
+    return f"key '{_key(path)}': {err.message}"
+
+
+def validate(data: object, where: str = "calibration") -> None:
+    """Raise UsageError (one line naming the key) unless `data` is a valid calibration of this version."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: a calibration must be a JSON object, not {type(data).__name__}")
+    if data.get("schema") != SCHEMA:
+        raise UsageError(f"{where}: key 'schema' is {data.get('schema')!r}, expected {SCHEMA!r}")
+    if data.get("version") != VERSION:
+        raise UsageError(f"{where}: key 'version' is {data.get('version')!r}: unsupported calibration version "
+                         f"(this commcal reads version {VERSION})")
+    errors = list(Draft202012Validator(json_schema()).iter_errors(data))
+    if errors:
+        first = min(errors, key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
+        raise UsageError(f"{where}: {_describe(first)}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted time with its 95% prediction interval, and whether it left the measured range."""
+
+    seconds: float
+    low_s: float
+    high_s: float
+    extrapolated: bool
+    model: str
+    link: str
+    note: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class _Piecewise:
+    """One (op, link) model as arrays, for fast vectorised prediction."""
+
+    algorithm: str
+    bounds: np.ndarray          # nbytes at which segment i+1 takes over (geometric mid between segments)
+    alpha: np.ndarray
+    beta: np.ndarray
+    var_alpha: np.ndarray
+    var_beta: np.ndarray
+    cov: np.ndarray
+    rel_sd: np.ndarray
+    min_bytes: float
+    max_bytes: float
+    procs: tuple[int, ...]
+    identifiable: bool
+
+    @classmethod
+    def from_json(cls, model: dict) -> "_Piecewise":
+        segs = model["segments"]
+        bounds = [math.sqrt(max(a["max_bytes"], 1.0) * max(b["min_bytes"], 1.0)) for a, b in zip(segs, segs[1:])]
+        col = lambda key: np.array([s[key] for s in segs], dtype=float)  # noqa: E731
+        return cls(model["algorithm"], np.array(bounds, dtype=float), col("alpha_s"), col("beta_s_per_byte"),
+                   col("alpha_se_s") ** 2, col("beta_se_s_per_byte") ** 2, col("cov_alpha_beta_s2_per_byte"),
+                   col("rel_resid_sd"), float(segs[0]["min_bytes"]), float(segs[-1]["max_bytes"]),
+                   tuple(model["procs_measured"]), bool(model["identifiable"]))
+
+    def terms(self, op: str, procs: int, nbytes: np.ndarray):
+        """(seconds, segment index, a, b*n) for each size; p2p operations ignore procs."""
+        alg = algorithm(self.algorithm)
+        a, b = alg.coefficients(2 if op in P2P_OPS else procs)
+        seg = np.searchsorted(self.bounds, nbytes, side="right")
+        bn = b * nbytes
+        return a * self.alpha[seg] + bn * self.beta[seg], seg, a, bn
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """A validated calibration file and the predictions made from it."""
+
+    data: dict
+    path: str | None = None
+    backend: str = field(init=False)
+    _models: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", self.data["backend"])
+        models = {(op, link): _Piecewise.from_json(m)
+                  for op, by_link in self.data["models"].items() for link, m in by_link.items()}
+        object.__setattr__(self, "_models", models)
+
+    def link_classes(self) -> dict[str, dict]:
+        """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
+        return {k: dict(v) for k, v in self.data["link_classes"].items()}
+
+    def has(self, op: str, link: str) -> bool:
+        return (op, link) in self._models
+
+    def _model(self, op: str, link: str) -> _Piecewise:
+        if (op, link) not in self._models:
+            have = ", ".join(f"{o}/{l}" for o, l in sorted(self._models)) or "none"
+            raise UsageError(f"calibration {self.path or ''} has no model for {op} on link {link!r} (has: {have})")
+        return self._models[(op, link)]
+
+    def predict(self, op: str, link: str, procs: int, nbytes: float) -> Prediction:
+        """Predicted seconds for one call, with a 95% prediction interval (parameter covariance plus the
+        fit's relative scatter); says when procs or the size lie outside what was measured."""
+        if procs < 1 or nbytes < 0 or not math.isfinite(nbytes):
+            raise UsageError(f"predict needs procs >= 1 and a finite size >= 0 (got procs={procs}, bytes={nbytes})")
+        m = self._model(op, link)
+        t, seg, a, bn = m.terms(op, procs, np.array([float(nbytes)]))
+        t, i, bn = float(t[0]), int(seg[0]), float(bn[0])
+        a = float(a)
+        var = a * a * m.var_alpha[i] + bn * bn * m.var_beta[i] + 2 * a * bn * m.cov[i] + (t * m.rel_sd[i]) ** 2
+        half = Z95 * math.sqrt(max(var, 0.0))
+        notes = []
+        extrapolated = False
+        if op not in P2P_OPS and procs not in m.procs:
+            extrapolated = True
+            how = "" if m.identifiable else " (algorithm not identifiable from the process counts measured)"
+            notes.append(f"procs {procs} not measured (measured {list(m.procs)}): extrapolated with the "
+                         f"{m.algorithm} model{how}")
+        if nbytes < m.min_bytes or nbytes > m.max_bytes:
+            extrapolated = True
+            notes.append(f"{nbytes:g} bytes outside the measured {m.min_bytes:g}..{m.max_bytes:g}")
+        if t < 0:
+            notes.append(f"model gives {t:.3g} s; clipped to 0")
+        return Prediction(max(t, 0.0), max(t - half, 0.0), max(t + half, 0.0), extrapolated, m.algorithm, link,
+                          "; ".join(notes))
+
+    def predict_seconds(self, op: str, link: str, procs: int, nbytes: np.ndarray) -> np.ndarray:
+        """Vectorised predicted seconds (no intervals, no notes), clipped at 0."""
+        t, _, _, _ = self._model(op, link).terms(op, procs, np.asarray(nbytes, dtype=float))
+        return np.maximum(t, 0.0)
+
+    def gemm_flops_per_s(self, dtype: str) -> float:
+        rates = self.data["compute"]["gemm"]
+        if dtype not in rates:
+            raise UsageError(f"calibration {self.path or ''} has no GEMM rate for dtype {dtype!r} "
+                             f"(has: {', '.join(rates) or 'none'})")
+        return float(rates[dtype]["flops_per_s"])
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name}")
+
+
+def calibration_from_dict(data: dict, path: str | None = None) -> Calibration:
+    """Validate a calibration dict and wrap it."""
+    validate(data, path or "calibration")
+    return Calibration(data, path)
+
+
+def load_calibration(path) -> Calibration:
+    """Read, validate and wrap a calibration file; any problem is one UsageError line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot read calibration ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise UsageError(f"{p}: not valid JSON ({exc})") from None
+    return calibration_from_dict(data, str(p))
