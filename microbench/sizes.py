@@ -53,5 +53,5 @@ def format_size(n: float) -> str:
         scale = _UNITS[unit]
         if n >= scale:
             v = n / scale
-            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.4g}{unit}"
     return f"{int(n)}"

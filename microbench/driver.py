@@ -1,0 +1,182 @@
+"""The one timing driver: every operation is measured here, the same way.
+
+Per point: an untimed check iteration, warm-up, then batches of timed iterations (barrier
+outside the timed region, each iteration timed on every rank, combined by max over ranks) until
+the stopping rule says done, then a second check iteration. Runs under MPI."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from microbench import cloop
+from microbench.ops import Layout, Op, gemm_flops
+from microbench.stats import Estimate, StopRule, estimate
+
+MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE}
+
+
+def address(arr: Any) -> int:
+    """Raw pointer of a numpy or cupy array (device pointers go to a CUDA-aware MPI as they are)."""
+    data = getattr(arr, "data", None)
+    return int(data.ptr) if hasattr(data, "ptr") else int(arr.ctypes.data)
+
+
+class PythonTimer:
+    """Times calls from a Python loop through mpi4py (the fallback path)."""
+
+    path = "python"
+
+    def run(self, op: Op, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int) -> np.ndarray:
+        out = np.empty(iters)
+        barrier, wtime, call = comm.Barrier, MPI.Wtime, op.call
+        for i in range(iters):
+            barrier()
+            t0 = wtime()
+            call(comm, send, recv)
+            out[i] = wtime() - t0
+        return out
+
+
+class CompiledTimer:
+    """Times calls from the compiled loop of timeloop.c, driven through the communicator's handle."""
+
+    path = "c"
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+
+    def run(self, op: Op, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int) -> np.ndarray:
+        out = np.empty(iters)
+        rc = self._fn(op.c_code, comm.py2f(), address(send), address(recv), lay.send_count, lay.block,
+                      MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters,
+                      out.ctypes.data_as(cloop.ctypes.POINTER(cloop.ctypes.c_double)))
+        if rc != 0:
+            raise RuntimeError(f"MPI error {rc} in the compiled loop ({op.name})")
+        return out
+
+
+def make_timer(world: MPI.Comm, choice: str) -> tuple[Any, str]:
+    """The timer for `choice` ('auto', 'c' or 'python') and a note on why. Rank 0 builds the
+    library once; every rank agrees on the path (a failed load anywhere means Python everywhere)."""
+    if choice == "python":
+        return PythonTimer(), "python loop requested"
+    note = None
+    if world.rank == 0:
+        mpicc = cloop.find_mpicc()
+        if mpicc is None:
+            note = "no MPI compiler wrapper (mpicc) found"
+        else:
+            path = cloop.library_path(mpicc, MPI.Get_library_version())
+            note = cloop.build(mpicc, path) or str(path)
+    note = world.bcast(note, root=0)
+    timer, ok = None, note.endswith(".so")
+    if ok:
+        try:
+            timer = CompiledTimer(cloop.load(cloop.Path(note)))
+        except OSError as exc:
+            ok, note = False, f"load failed: {exc}"
+    all_ok = world.allreduce(int(ok), op=MPI.MIN) == 1
+    if all_ok:
+        return timer, f"compiled loop {note}"
+    if choice == "c":
+        raise RuntimeError(f"compiled timing loop unavailable: {note}")
+    return PythonTimer(), f"python loop (compiled loop unavailable: {note})"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    samples: np.ndarray      # seconds per iteration, max over ranks
+    estimate: Estimate
+    target_met: bool
+    wrong: int
+    flops: float = 0.0
+
+
+def _count_wrong(op: Op, xp: Any, comm: MPI.Comm, lay: Layout, dtype: str) -> int:
+    send, recv = op.fill(xp, lay, dtype, comm.rank, comm.size)
+    op.call(comm, send, recv)
+    want = op.expected(xp, lay, dtype, comm.rank, comm.size)
+    if want is None:
+        return 0
+    got = op.result(send, recv)
+    return int((got != want).sum())
+
+
+def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,
+                       xp: Any = np) -> Measurement:
+    """Measure one operation at one layout on `comm` (every member calls this)."""
+    wrong = _count_wrong(op, xp, comm, lay, dtype)
+    send, recv = op.fill(xp, lay, dtype, comm.rank, comm.size)
+    scale = 0.5 if op.name == "pingpong" else 1.0   # pingpong reports half the round trip
+
+    def batch(iters: int) -> tuple[np.ndarray, float]:
+        t0 = time.perf_counter()
+        local = timer.run(op, comm, send, recv, lay, dtype, iters)
+        buf = np.append(local, time.perf_counter() - t0)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        return buf[:-1] * scale, float(buf[-1])
+
+    first, _ = batch(2)                              # warm-up; its length sizes the rest of warm-up
+    per_iter = max(float(first.max()), 1e-9)
+    extra = int(min(20, 0.05 * rule.budget_s / per_iter))
+    if extra > 0:
+        batch(extra)
+    chunks: list[np.ndarray] = []
+    have, elapsed = 0, 0.0
+    while True:
+        iters = rule.next_batch(have, per_iter, elapsed)
+        times, wall = batch(iters)
+        chunks.append(times)
+        have += iters
+        elapsed += wall
+        per_iter = wall / iters
+        est = estimate(np.concatenate(chunks))
+        if rule.done(est, elapsed):
+            break
+    wrong += _count_wrong(op, xp, comm, lay, dtype)
+    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    samples = np.concatenate(chunks)
+    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong)
+
+
+def measure_gemm(lay: Layout, dtype: str, rule: StopRule, xp: Any = np, sync=lambda: None) -> Measurement:
+    """Local n x n matrix-multiply rate on this rank (no communication)."""
+    n = lay.block
+    rng = np.random.default_rng(0)
+    a = xp.asarray(rng.integers(0, 4, (n, n)).astype(dtype))
+    b = xp.asarray(rng.integers(0, 4, (n, n)).astype(dtype))
+    c = a @ b
+    sync()
+    rows = rng.integers(0, n, 16)
+    cols = rng.integers(0, n, 16)
+    a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (a, b, c))
+    want = np.einsum("ij,ji->i", a64[rows, :], b64[:, cols])
+    wrong = int((c_host[rows, cols] != want).sum())
+    chunks: list[np.ndarray] = []
+    have, elapsed, per_iter = 0, 0.0, 0.0
+    while True:
+        iters = rule.next_batch(have, per_iter, elapsed)
+        out = np.empty(iters)
+        for i in range(iters):
+            t0 = time.perf_counter()
+            xp.matmul(a, b, out=c)
+            sync()
+            out[i] = time.perf_counter() - t0
+        chunks.append(out)
+        have += iters
+        elapsed += float(out.sum())
+        per_iter = elapsed / have
+        est = estimate(np.concatenate(chunks))
+        if rule.done(est, elapsed):
+            break
+    return Measurement(np.concatenate(chunks), est, est.samples >= rule.min_samples and est.within(rule.target_ci),
+                       wrong, gemm_flops(n))
+
+
+def _host(arr: Any) -> np.ndarray:
+    return arr.get() if hasattr(arr, "get") else arr

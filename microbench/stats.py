@@ -1,0 +1,92 @@
+"""Order-statistic confidence intervals of the median and the adaptive stopping rule. Pure numpy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
+    """0-based order-statistic indices (lo, hi) bracketing the median with at least `confidence`
+    coverage, from the exact Binomial(n, 1/2) distribution; None if n is too small for any interval."""
+    if n < 1:
+        return None
+    alpha = 1.0 - confidence
+    # largest j with P(B <= j - 1) <= alpha/2, B ~ Bin(n, 1/2): then [x_(j), x_(n-j+1)] (1-based)
+    log_half_n = -n * math.log(2.0)
+    cdf, j = 0.0, 0
+    for i in range(n + 1):
+        p = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + log_half_n)
+        if cdf + p > alpha / 2:
+            break
+        cdf += p
+        j = i + 1
+    if j < 1:
+        return None
+    return j - 1, n - j
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Summary statistics of one point's samples (seconds)."""
+
+    samples: int
+    median: float
+    ci_low: float
+    ci_high: float
+    min: float
+    p95: float
+    mean: float
+
+    def within(self, target: float) -> bool:
+        """True when both CI bounds lie within +-target (relative) of the median."""
+        if not math.isfinite(self.ci_low) or self.median <= 0:
+            return False
+        return (self.ci_high - self.median) <= target * self.median and \
+               (self.median - self.ci_low) <= target * self.median
+
+
+def estimate(samples: np.ndarray, confidence: float = 0.95) -> Estimate:
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = len(x)
+    if n == 0:
+        nan = float("nan")
+        return Estimate(0, nan, nan, nan, nan, nan, nan)
+    ranks = median_ci_ranks(n, confidence)
+    lo, hi = (float(x[ranks[0]]), float(x[ranks[1]])) if ranks else (float("nan"), float("nan"))
+    return Estimate(n, float(np.median(x)), lo, hi, float(x[0]), float(np.percentile(x, 95)), float(x.mean()))
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Repeat until the median's 95% CI is within +-target_ci (after min_samples), or until the
+    point's time budget runs out with min_samples taken; past 4x the budget stop regardless, so
+    that one slow size cannot stall the sweep."""
+
+    target_ci: float = 0.02
+    min_samples: int = 10
+    max_samples: int = 1_000_000
+    budget_s: float = 1.0
+
+    def done(self, est: Estimate, elapsed_s: float) -> bool:
+        if est.samples >= self.max_samples:
+            return True
+        if est.samples >= self.min_samples and est.within(self.target_ci):
+            return True
+        if elapsed_s >= 4 * self.budget_s:
+            return True
+        return elapsed_s >= self.budget_s and est.samples >= self.min_samples
+
+    def next_batch(self, have: int, per_iter_s: float, elapsed_s: float) -> int:
+        """How many iterations to run next: reach min_samples first, then grow geometrically,
+        never planning past the remaining budget (but always at least one)."""
+        if have < self.min_samples:
+            want = self.min_samples - have
+        else:
+            want = max(have // 2, 8)
+        if per_iter_s > 0:
+            remaining = max(self.budget_s - elapsed_s, 0.0)
+            want = min(want, max(1, int(remaining / per_iter_s)))
+        return max(1, min(want, self.max_samples - have, 100_000))

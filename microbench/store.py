@@ -1,0 +1,63 @@
+"""Rank 0's persistence of a run directory (format: microbench.records). Each finished point is on
+disk, atomically, before the next starts; a resumed run skips what is there and redoes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from microbench.atomic import atomic_write, atomic_write_json
+from microbench.errors import UsageError
+from microbench.records import SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointSummary, read_run_json
+
+
+class RunStore:
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+        self.points = self.out / "points"
+
+    def prepare(self, resume: bool) -> dict | None:
+        """Check the directory can take this run; returns the earlier run.json when resuming one."""
+        if self.out.exists() and not self.out.is_dir():
+            raise UsageError(f"--out {self.out} exists and is not a directory")
+        has_run = (self.out / "run.json").is_file()
+        if has_run and not resume:
+            raise UsageError(f"{self.out} already holds a run; pass --resume to finish it or choose another --out")
+        self.points.mkdir(parents=True, exist_ok=True)
+        return read_run_json(self.out) if has_run else None
+
+    def done_ids(self) -> set[str]:
+        return {f.stem for f in self.points.glob("*.json")}
+
+    def write_point(self, summary: PointSummary, samples: np.ndarray) -> None:
+        """Samples first, then the summary record whose presence marks the point complete."""
+        table = pa.table({"run_id": [summary.run_id] * len(samples), "point_id": [summary.point_id] * len(samples),
+                          "iteration": np.arange(len(samples), dtype=np.int64), "time_s": samples})
+        atomic_write(self.points / f"{summary.point_id}.parquet", lambda tmp: pq.write_table(table, tmp))
+        atomic_write_json(self.points / f"{summary.point_id}.json", summary.to_dict())
+
+    def write_run(self, meta: dict) -> None:
+        atomic_write_json(self.out / "run.json", meta)
+
+    def consolidate(self) -> pd.DataFrame:
+        """summary.parquet, summary.csv and samples.parquet from every finished point."""
+        ids = sorted(self.done_ids())
+        rows = [json.loads((self.points / f"{pid}.json").read_text()) for pid in ids]
+        summary = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+        atomic_write(self.out / "summary.parquet", lambda tmp: summary.to_parquet(tmp, index=False))
+        atomic_write(self.out / "summary.csv", lambda tmp: summary.to_csv(tmp, index=False))
+
+        def write_samples(tmp: str) -> None:
+            schema = pa.schema([("run_id", pa.string()), ("point_id", pa.string()),
+                                ("iteration", pa.int64()), ("time_s", pa.float64())])
+            with pq.ParquetWriter(tmp, schema) as writer:
+                for pid in ids:
+                    writer.write_table(pq.read_table(self.points / f"{pid}.parquet").select(list(SAMPLE_COLUMNS)))
+
+        atomic_write(self.out / "samples.parquet", write_samples)
+        return summary

@@ -1,0 +1,165 @@
+"""The sweep: plan every (operation, link class, process count, size) point the job can form,
+measure each on a sub-communicator, and hand each finished point to rank 0's store. Runs under MPI."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi4py import MPI
+
+from microbench import driver
+from microbench.errors import UsageError
+from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
+from microbench.records import PointKey, PointSummary
+from microbench.sizes import format_size
+from microbench.stats import StopRule
+from microbench.topology import Group, group_for
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    ops: tuple[Op, ...]
+    sizes: tuple[int, ...]
+    procs: tuple[int, ...]
+    links: tuple[str, ...]
+    rule: StopRule
+    backend: str = "mpi"
+    gemm_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    key: PointKey
+    op: Op
+    group: Group
+    layout: Layout
+
+
+def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
+    """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm on rank 0."""
+    points = []
+    for op in cfg.ops:
+        if op.kind == "compute":
+            for dtype in GEMM_DTYPES:
+                for size in cfg.gemm_sizes or cfg.sizes:
+                    lay = op.layout(size, 1, itemsize(dtype))
+                    group = Group("intra", 1, 1, 1, (0,))
+                    points.append(PlannedPoint(PointKey(cfg.backend, op.name, "intra", 1, size, dtype), op, group, lay))
+            continue
+        counts = (2,) if op.kind == "p2p" else cfg.procs
+        for link in cfg.links:
+            for p in counts:
+                group = group_for(link, p, hosts) if p >= 2 else None
+                if group is None:
+                    continue
+                for size in cfg.sizes:
+                    lay = op.layout(size, p, itemsize(COMM_DTYPE))
+                    points.append(PlannedPoint(PointKey(cfg.backend, op.name, link, p, size, COMM_DTYPE), op, group, lay))
+    return points
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (bytes); a large number where unknown."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def check_memory(points: list[PlannedPoint], per_rank_bytes: int) -> None:
+    """Refuse, before allocating anything, sizes whose buffers (send, receive, and the check's
+    expected copy) cannot fit in this rank's share of the node's available memory."""
+    for pt in points:
+        need = pt.layout.buffer_bytes + pt.layout.recv_count * pt.layout.itemsize
+        if pt.layout.send_count >= 2**31 or pt.layout.recv_count >= 2**31:
+            raise UsageError(f"size {format_size(pt.layout.size_bytes)} for {pt.op.name} exceeds MPI's 2^31-element count")
+        if need > per_rank_bytes:
+            raise UsageError(f"size {format_size(pt.key.requested_bytes)} for {pt.op.name} needs {format_size(need)}B "
+                             f"per rank but only {format_size(per_rank_bytes)}B is available per rank")
+
+
+def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, rule: StopRule, timing_path: str) -> PointSummary:
+    est, lay, p = m.estimate, pt.layout, pt.group.procs
+    algbw = lay.size_bytes / est.median if est.median > 0 else 0.0
+    return PointSummary(
+        run_id=run_id, point_id=pt.key.point_id, backend=pt.key.backend, op=pt.op.name, link=pt.group.link,
+        nodes=pt.group.nodes, ranks_per_node=pt.group.ranks_per_node, procs=p,
+        requested_bytes=pt.key.requested_bytes, size_bytes=lay.size_bytes, count=lay.send_count,
+        dtype=pt.key.dtype, bytes_per_rank=pt.op.bytes_per_rank(lay.size_bytes, p), in_place=False,
+        timing_path=timing_path if pt.op.kind != "compute" else "python", samples=est.samples,
+        median_s=est.median, ci_low_s=est.ci_low, ci_high_s=est.ci_high, min_s=est.min, p95_s=est.p95,
+        mean_s=est.mean, target_ci=rule.target_ci, target_met=m.target_met, algbw_Bps=algbw,
+        busbw_Bps=algbw * pt.op.bus_factor(p), wrong=m.wrong, flops=m.flops,
+        flops_per_s=m.flops / est.median if m.flops and est.median > 0 else 0.0)
+
+
+def _idle_until(req: MPI.Request) -> None:
+    """Wait on a non-blocking barrier without spinning, so idle ranks leave the cores to the measured ones."""
+    while not req.Test():
+        time.sleep(0.0005)
+
+
+@dataclass
+class Progress:
+    """Rank 0's table of finished points, with a running count and a time estimate."""
+
+    total: int
+    stream: Any = field(default=sys.stdout)
+    started: float = field(default_factory=time.monotonic)
+    finished: int = 0
+
+    def header(self) -> None:
+        print(f"{'point':>9}  {'op':<14} {'link':<6} {'p':>3} {'size':>6}  {'median':>10} {'CI +-':>6} "
+              f"{'n':>6}  {'busbw':>11}  {'ok':<4}", file=self.stream, flush=True)
+
+    def row(self, s: PointSummary, skipped: int) -> None:
+        self.finished += 1
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.finished * (self.total - skipped - self.finished)
+        half = max(s.ci_high_s - s.median_s, s.median_s - s.ci_low_s) / s.median_s * 100 if s.median_s > 0 else float("nan")
+        rate = (f"{s.flops_per_s / 1e9:8.2f} GF/s" if s.flops else f"{s.busbw_Bps / 1e9:8.3f} GB/s")
+        flag = "ok" if s.wrong == 0 else f"WRONG {s.wrong}"
+        mark = "" if s.target_met else "*"
+        print(f"{self.finished + skipped:>4}/{self.total:<4}  {s.op:<14} {s.link:<6} {s.procs:>3} "
+              f"{format_size(s.size_bytes):>6}  {s.median_s * 1e6:8.2f}us {half:5.1f}%{mark} {s.samples:>6}  "
+              f"{rate}  {flag}  eta {eta:4.0f}s", file=self.stream, flush=True)
+
+
+def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg: SweepConfig, run_id: str,
+               timer: Any, store: Any, backend: Any) -> int:
+    """Measure every planned point not in `done`; returns the number of wrong elements seen."""
+    comms: dict[tuple[str, int], MPI.Comm] = {}
+    for pt in points:   # every rank creates the same sub-communicators in the same order
+        k = (pt.group.link, pt.group.procs)
+        if k not in comms:
+            member = world.rank in pt.group.ranks
+            comms[k] = world.Split(0 if member else MPI.UNDEFINED, key=pt.group.ranks.index(world.rank) if member else 0)
+    progress = Progress(len(points)) if world.rank == 0 else None
+    if progress:
+        progress.header()
+    wrong = 0
+    for pt in points:
+        if pt.key.point_id in done:
+            continue
+        comm = comms[(pt.group.link, pt.group.procs)]
+        if comm != MPI.COMM_NULL:
+            if pt.op.kind == "compute":
+                m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend.xp, backend.sync)
+            else:
+                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend.xp)
+            if world.rank == 0:
+                s = summarize(run_id, pt, m, cfg.rule, timer.path)
+                store.write_point(s, m.samples)
+                wrong += s.wrong
+                progress.row(s, len(done))
+        _idle_until(world.Ibarrier())
+    for comm in comms.values():
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+    return world.bcast(wrong, root=0)

@@ -1,0 +1,172 @@
+"""`commcal sweep`: arguments, preflight checks, provenance, and the exit code. Run by every rank."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+from microbench.errors import UsageError
+from microbench.ops import parse_ops
+from microbench.sizes import parse_sizes
+from microbench.stats import StopRule
+from microbench.topology import parse_links, parse_procs
+
+QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M", target_ci=0.05, point_budget=0.25, min_samples=10,
+             gemm_sizes="64K,1M")
+PAGE_POLICIES = ("hugepage", "nohugepage", "numpy-default")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="run directory (created; see --resume)")
+    p.add_argument("--ops", help="comma-separated subset of: allreduce, allgather, reduce_scatter, alltoall, "
+                                 "bcast, reduce, pingpong, sendrecv, gemm (default: all)")
+    p.add_argument("--sizes", help="LOW:HIGH (powers of two, K/M/G suffixes) or a list 8,1K,3M (default 8:64M)")
+    p.add_argument("--gemm-sizes", help="operand sizes for gemm (default: 64K,1M,16M)")
+    p.add_argument("--procs", help="process counts, e.g. 2,4,8 (default: powers of two up to the world, and the world)")
+    p.add_argument("--links", help="link classes to measure: intra, inter, spread (default: all the job can form)")
+    p.add_argument("--target-ci", type=float, help="stop when the median's 95%% CI is within +-this (default 0.02)")
+    p.add_argument("--min-samples", type=int, help="timed iterations before the CI may stop a point (default 10)")
+    p.add_argument("--point-budget", type=float, help="seconds per point before giving up on the CI target (default 1.0)")
+    p.add_argument("--quick", action="store_true", help="a preset that finishes in under a minute on 2 local ranks")
+    p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
+    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), default="mpi",
+                   help="mpi: host buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL")
+    p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
+                   help="timing loop: compiled (built with mpicc) or Python; auto prefers compiled")
+    p.add_argument("--page-policy", choices=PAGE_POLICIES, default="nohugepage",
+                   help="huge pages for numpy buffers (default nohugepage: steadier large-message latency)")
+    p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
+
+
+def build_config(args: argparse.Namespace, world_size: int):
+    """The sweep configuration from arguments (quick preset first, explicit flags override it)."""
+    from microbench.sweep import SweepConfig
+
+    preset = QUICK if args.quick else {}
+    def pick(name: str, default):
+        value = getattr(args, name)
+        return value if value is not None else preset.get(name, default)
+
+    rule = StopRule(target_ci=pick("target_ci", 0.02), min_samples=pick("min_samples", 10),
+                    budget_s=pick("point_budget", 1.0))
+    if not 0 < rule.target_ci < 1:
+        raise UsageError(f"--target-ci must be between 0 and 1, not {rule.target_ci}")
+    if rule.budget_s <= 0 or rule.min_samples < 1:
+        raise UsageError("--point-budget and --min-samples must be positive")
+    return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
+                       procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
+                       rule=rule, backend=args.backend,
+                       gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
+
+
+def launcher_task_count() -> int | None:
+    """Ranks the launcher meant to start when it is Slurm's srun itself (mpirun/mpiexec start their own)."""
+    if "PRTE_LAUNCHED" in os.environ or "HYDI_CONTROL_FD" in os.environ:
+        return None
+    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
+def check_world(world_size: int, expect: int | None) -> None:
+    if expect is not None and world_size != expect:
+        raise UsageError(f"MPI world has {world_size} ranks but --expect-world is {expect}")
+    tasks = launcher_task_count()
+    if tasks is not None and tasks != world_size:
+        raise UsageError(f"MPI world has {world_size} ranks but Slurm started {tasks} tasks: the MPI library is not "
+                         f"talking to Slurm's PMI (with Open MPI use srun --mpi=pmix, or mpirun in the allocation)")
+
+
+def set_page_policy(policy: str) -> str:
+    """Apply numpy's huge-page advice for new buffers; returns what is in force."""
+    import numpy as np
+
+    setter = getattr(getattr(np, "_core", np.core).multiarray, "_set_madvise_hugepage", None)
+    if setter is None:
+        return "numpy-default (numpy has no switch)"
+    if policy == "numpy-default":
+        previous = setter(True)
+        setter(previous)
+        return f"numpy-default ({'hugepage' if previous else 'nohugepage'})"
+    setter(policy == "hugepage")
+    return policy
+
+
+def run(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from microbench import provenance, sweep
+    from microbench.driver import make_timer
+    from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION
+    from microbench.store import RunStore
+
+    world = MPI.COMM_WORLD
+    check_world(world.size, args.expect_world)
+    cfg = build_config(args, world.size)
+    hosts = world.allgather(MPI.Get_processor_name())
+    points = sweep.plan(cfg, hosts)
+    if not points:
+        raise UsageError("nothing to measure: no link class in --links can be formed with these process counts")
+    ranks_here = hosts.count(hosts[world.rank])
+    per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
+    sweep.check_memory(points, per_rank)
+    backend = backend_for(cfg.backend, world)
+
+    store = RunStore(args.out)
+    error = None
+    if world.rank == 0:
+        try:
+            earlier = store.prepare(args.resume)
+            done = store.done_ids()
+        except UsageError as exc:
+            error, earlier, done = str(exc), None, set()
+    error = world.bcast(error, root=0)
+    if error:
+        raise UsageError(error)
+    page_policy = set_page_policy(args.page_policy)
+    timer, timing_note = make_timer(world, args.timing)
+    if world.rank == 0:
+        run_id = earlier["run_id"] if earlier else f"{provenance.now().replace(':', '')[:15]}-{hosts[0]}-{os.getpid()}"
+        meta = dict(earlier or {}, schema=RUN_SCHEMA, version=RUN_SCHEMA_VERSION, run_id=run_id)
+        meta.setdefault("start_time", provenance.now())
+        meta.setdefault("resumed_at", [])
+        if earlier:
+            meta["resumed_at"].append(provenance.now())
+        meta.update(
+            machine=provenance.machine_name(hosts), hosts=sorted(set(hosts)), world_size=world.size,
+            layout=[{"rank": r, "host": h} for r, h in enumerate(hosts)],
+            ranks_per_node={h: hosts.count(h) for h in dict.fromkeys(hosts)},
+            mpi_library_version=MPI.Get_library_version().strip(),
+            mpi_standard_version=".".join(map(str, MPI.Get_version())),
+            versions=provenance.software_versions() | backend.versions(), cpu=provenance.cpu_model(),
+            command_line=sys.argv, environment=provenance.relevant_environment(), backend=cfg.backend,
+            gpus=backend.devices(world), page_policy=page_policy,
+            transparent_hugepages=provenance.transparent_hugepages(),
+            timing_path=timer.path, timing_note=timing_note, end_time=None,
+            options=dict(ops=[op.name for op in cfg.ops], sizes=list(cfg.sizes), procs=list(cfg.procs),
+                         links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
+                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, quick=args.quick))
+        store.write_run(meta)
+        print(f"commcal sweep: {len(points)} points ({len(done)} already done), {world.size} ranks on "
+              f"{len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}", flush=True)
+    else:
+        run_id, done = None, set()
+    run_id, done = world.bcast((run_id, done), root=0)
+    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend)
+    if world.rank == 0:
+        store.consolidate()
+        store.write_run(meta | {"end_time": provenance.now()})
+        print(f"commcal sweep: done, results in {args.out}", flush=True)
+        if wrong:
+            print(f"commcal: error: {wrong} wrong result elements (see the 'wrong' column of {args.out}/summary.csv)",
+                  file=sys.stderr, flush=True)
+    return 1 if wrong else 0
+
+
+def backend_for(name: str, world):
+    from microbench.backends import BACKENDS
+
+    return BACKENDS[name](world)

@@ -1,0 +1,42 @@
+/* commcal's low-overhead timing loop: times `iters` calls of one operation, each between a
+ * barrier (outside the timed region) and MPI_Wtime, into out[]. Handles arrive as Fortran
+ * integers (mpi4py's py2f) so one source serves Open MPI and MPICH. Op codes: microbench/ops.py. */
+#include <mpi.h>
+
+int commcal_time(int op, MPI_Fint fcomm, void *sbuf, void *rbuf, int count, int block,
+                 MPI_Fint fdtype, MPI_Fint fsum, int iters, double *out)
+{
+    MPI_Comm comm = MPI_Comm_f2c(fcomm);
+    MPI_Datatype dt = MPI_Type_f2c(fdtype);
+    MPI_Op sum = MPI_Op_f2c(fsum);
+    int rank, rc = MPI_SUCCESS;
+    MPI_Comm_rank(comm, &rank);
+    for (int i = 0; i < iters && rc == MPI_SUCCESS; i++) {
+        MPI_Barrier(comm);
+        double t0 = MPI_Wtime();
+        switch (op) {
+        case 0: rc = MPI_Allreduce(sbuf, rbuf, count, dt, sum, comm); break;
+        case 1: rc = MPI_Allgather(sbuf, block, dt, rbuf, block, dt, comm); break;
+        case 2: rc = MPI_Reduce_scatter_block(sbuf, rbuf, block, dt, sum, comm); break;
+        case 3: rc = MPI_Alltoall(sbuf, block, dt, rbuf, block, dt, comm); break;
+        case 4: rc = MPI_Bcast(sbuf, count, dt, 0, comm); break;
+        case 5: rc = MPI_Reduce(sbuf, rbuf, count, dt, sum, 0, comm); break;
+        case 6:
+            if (rank == 0) {
+                rc = MPI_Send(sbuf, count, dt, 1, 7, comm);
+                if (rc == MPI_SUCCESS) rc = MPI_Recv(rbuf, count, dt, 1, 7, comm, MPI_STATUS_IGNORE);
+            } else {
+                rc = MPI_Recv(rbuf, count, dt, 0, 7, comm, MPI_STATUS_IGNORE);
+                if (rc == MPI_SUCCESS) rc = MPI_Send(sbuf, count, dt, 0, 7, comm);
+            }
+            break;
+        case 7:
+            rc = MPI_Sendrecv(sbuf, count, dt, 1 - rank, 9, rbuf, count, dt, 1 - rank, 9, comm,
+                              MPI_STATUS_IGNORE);
+            break;
+        default: return -1;
+        }
+        out[i] = MPI_Wtime() - t0;
+    }
+    return rc;
+}

@@ -1,0 +1,86 @@
+"""Which ranks share a node, and which groups of ranks form each link class. Pure: works on the
+list of every world rank's hostname, so it is tested without MPI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from microbench.errors import UsageError
+from microbench.records import LINK_CLASSES
+
+
+@dataclass(frozen=True)
+class Group:
+    """The world ranks that measure one (link class, process count); world rank 0 is always first."""
+
+    link: str
+    procs: int
+    nodes: int
+    ranks_per_node: int
+    ranks: tuple[int, ...]
+
+
+def nodes_of(hosts: list[str]) -> list[list[int]]:
+    """World ranks per node, nodes ordered by their lowest rank (rank 0's node first)."""
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    return list(by_host.values())
+
+
+def group_for(link: str, procs: int, hosts: list[str]) -> Group | None:
+    """The group measuring `link` at `procs` ranks, or None if this job's layout cannot form it.
+
+    intra: procs ranks of rank 0's node. inter: the lowest rank of each of procs nodes. spread:
+    r ranks on each of n >= 2 nodes (n * r = procs, r >= 2), as many nodes as fit."""
+    nodes = nodes_of(hosts)
+    if link == "intra":
+        if procs <= len(nodes[0]):
+            return Group(link, procs, 1, procs, tuple(nodes[0][:procs]))
+        return None
+    if link == "inter":
+        if procs <= len(nodes) and procs >= 2:
+            return Group(link, procs, procs, 1, tuple(n[0] for n in nodes[:procs]))
+        return None
+    if link == "spread":
+        for n in range(min(len(nodes), procs // 2), 1, -1):
+            r = procs // n
+            if n * r == procs and r >= 2 and all(len(node) >= r for node in nodes[:n]):
+                return Group(link, procs, n, r, tuple(rank for node in nodes[:n] for rank in node[:r]))
+        return None
+    raise UsageError(f"unknown link class {link!r}; choose from {', '.join(LINK_CLASSES)}")
+
+
+def default_procs(world: int) -> list[int]:
+    """Powers of two from 2 up to the world size, plus the world size."""
+    counts, p = [], 2
+    while p <= world:
+        counts.append(p)
+        p *= 2
+    if world >= 2 and world not in counts:
+        counts.append(world)
+    return counts
+
+
+def parse_procs(text: str | None, world: int) -> list[int]:
+    if not text:
+        return default_procs(world)
+    try:
+        counts = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise UsageError(f"malformed process counts {text!r}: expected e.g. 2,4,8") from None
+    if not counts or counts[0] < 1:
+        raise UsageError(f"process counts must be positive: {text!r}")
+    if counts[-1] > world:
+        raise UsageError(f"process count {counts[-1]} is larger than the world ({world} ranks)")
+    return counts
+
+
+def parse_links(text: str | None) -> list[str]:
+    if not text:
+        return list(LINK_CLASSES)
+    links = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [link for link in links if link not in LINK_CLASSES]
+    if bad or not links:
+        raise UsageError(f"unknown link class {', '.join(bad) or text!r}; choose from {', '.join(LINK_CLASSES)}")
+    return [link for link in LINK_CLASSES if link in links]
