@@ -103,6 +103,22 @@ def distinguishable(algs: tuple[Algorithm, ...], procs) -> bool:
     return len(shapes) > 1
 
 
+def segment_bounds(max_bytes, min_bytes) -> np.ndarray:
+    """Sizes at which segment i+1 takes over from segment i: the geometric middle of the gap between them."""
+    return np.sqrt(np.maximum(np.asarray(max_bytes[:-1], dtype=float), 1.0)
+                   * np.maximum(np.asarray(min_bytes[1:], dtype=float), 1.0))
+
+
+def piecewise_terms(alg: Algorithm, bounds: np.ndarray, alpha: np.ndarray, beta: np.ndarray, procs, nbytes):
+    """(seconds, segment index, a, b*n) of a piecewise model for each size: the one prediction rule that
+    the fit's held-out check and the calibration's predictions share."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    seg = np.searchsorted(bounds, nbytes, side="right")
+    a, b = alg.coefficients(procs)
+    bn = b * nbytes
+    return a * alpha[seg] + bn * beta[seg], seg, a, bn
+
+
 def known_names() -> tuple[str, ...]:
     return tuple(_ALGS)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from jsonschema import Draft202012Validator
 
-from calib.algorithms import P2P_OPS, algorithm
+from calib.algorithms import P2P_OPS, algorithm, piecewise_terms, segment_bounds
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
@@ -105,20 +105,16 @@ class _Piecewise:
     @classmethod
     def from_json(cls, model: dict) -> "_Piecewise":
         segs = model["segments"]
-        bounds = [math.sqrt(max(a["max_bytes"], 1.0) * max(b["min_bytes"], 1.0)) for a, b in zip(segs, segs[1:])]
         col = lambda key: np.array([s[key] for s in segs], dtype=float)  # noqa: E731
-        return cls(model["algorithm"], np.array(bounds, dtype=float), col("alpha_s"), col("beta_s_per_byte"),
-                   col("alpha_se_s") ** 2, col("beta_se_s_per_byte") ** 2, col("cov_alpha_beta_s2_per_byte"),
-                   col("rel_resid_sd"), float(segs[0]["min_bytes"]), float(segs[-1]["max_bytes"]),
-                   tuple(model["procs_measured"]), bool(model["identifiable"]))
+        return cls(model["algorithm"], segment_bounds(col("max_bytes"), col("min_bytes")), col("alpha_s"),
+                   col("beta_s_per_byte"), col("alpha_se_s") ** 2, col("beta_se_s_per_byte") ** 2,
+                   col("cov_alpha_beta_s2_per_byte"), col("rel_resid_sd"), float(segs[0]["min_bytes"]),
+                   float(segs[-1]["max_bytes"]), tuple(model["procs_measured"]), bool(model["identifiable"]))
 
     def terms(self, op: str, procs: int, nbytes: np.ndarray):
         """(seconds, segment index, a, b*n) for each size; p2p operations ignore procs."""
-        alg = algorithm(self.algorithm)
-        a, b = alg.coefficients(2 if op in P2P_OPS else procs)
-        seg = np.searchsorted(self.bounds, nbytes, side="right")
-        bn = b * nbytes
-        return a * self.alpha[seg] + bn * self.beta[seg], seg, a, bn
+        return piecewise_terms(algorithm(self.algorithm), self.bounds, self.alpha, self.beta,
+                               2 if op in P2P_OPS else procs, nbytes)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,168 @@
+"""From sweep points to the calibration dict: per (op, link) the algorithm model chosen by held-out error,
+the per-process-count Hockney table, point-to-point link parameters, GEMM rates, and loud warnings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+
+import numpy as np
+import pandas as pd
+
+from calib.algorithms import P2P_OPS, algorithm, candidates, distinguishable
+from calib.calibration import SCHEMA, VERSION
+from calib.heldout import kfold_over_sizes
+from calib.points import RunSet
+from calib.segments import Points, fit_piecewise
+from calib.synthetic import LINK_MEANING
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    method: str = "wls"                # "wls" (weights 1/t^2) or "huber" (robust RLM, slower)
+    folds: int = 5
+    max_segments: int = 3
+    min_sizes: int = 4                 # distinct sizes per segment, at least
+    target_median_abs_rel_err_ge_4KiB: float = 0.05
+    target_median_abs_rel_err: float = 0.15
+
+
+def _points(df: pd.DataFrame) -> Points:
+    return Points.build(df["procs"], df["size_bytes"], df["seconds"], df["requested_bytes"])
+
+
+def _fmt_range(seg) -> str:
+    return f"{seg.min_bytes:g}..{seg.max_bytes:g} B"
+
+
+def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[dict | None, list[str]]:
+    """The chosen model of one (op, link) as calibration JSON, and its warnings (None: too few points)."""
+    tag = f"{op}/{link}"
+    pts = _points(df)
+    if pts.n_sizes < 3 or len(pts.seconds) < 3:
+        return None, [f"{tag}: too few points to fit ({pts.n_sizes} sizes, {len(pts.seconds)} points); no model"]
+    algs = candidates(op)
+    identifiable = len(algs) == 1 or distinguishable(algs, pts.procs)
+    scored = [(kfold_over_sizes(alg, pts, opts.method, opts.max_segments, opts.min_sizes, opts.folds),
+               fit_piecewise(alg, pts, opts.method, opts.max_segments, opts.min_sizes))
+              for alg in (algs if identifiable else algs[:1])]
+    held, fit = min(scored, key=lambda s: s[0].key())
+    chosen = fit.algorithm
+    procs = sorted({int(p) for p in pts.procs})
+    warnings = []
+    if not identifiable:
+        warnings.append(f"{tag}: algorithm not identifiable from process counts {procs} (every candidate fits "
+                        f"alike); assumed {chosen.name}: extrapolation to other process counts is a guess")
+    if pts.n_sizes < 2 * opts.min_sizes and opts.max_segments > 1:
+        warnings.append(f"{tag}: only {pts.n_sizes} sizes; change points not searched")
+    for seg in fit.segments:
+        if seg.alpha_s < 0:
+            warnings.append(f"{tag}: negative alpha {seg.alpha_s:.3g} s over {_fmt_range(seg)}")
+        if seg.beta_s_per_byte < 0:
+            warnings.append(f"{tag}: negative beta {seg.beta_s_per_byte:.3g} s/B over {_fmt_range(seg)}")
+    if held.median is None:
+        warnings.append(f"{tag}: too few sizes for the held-out check")
+    else:
+        if held.median_ge_4KiB is not None and held.median_ge_4KiB > opts.target_median_abs_rel_err_ge_4KiB:
+            warnings.append(f"{tag}: held-out median error {held.median_ge_4KiB:.1%} for sizes >= 4 KiB exceeds "
+                            f"the {opts.target_median_abs_rel_err_ge_4KiB:.0%} target")
+        if held.median > opts.target_median_abs_rel_err:
+            warnings.append(f"{tag}: held-out median error {held.median:.1%} over all sizes exceeds the "
+                            f"{opts.target_median_abs_rel_err:.0%} target")
+    # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
+    by_name = {f.algorithm.name: (h, f) for h, f in scored}
+    cand = [{"algorithm": alg.name, "heldout_median_abs_rel_err": h.median, "heldout_p90_abs_rel_err": h.p90,
+             "n_segments": len(f.segments)}
+            for alg in algs for h, f in [by_name.get(alg.name, (held, fit))]]
+    first, last = fit.segments[0], fit.segments[-1]
+    model = {"algorithm": chosen.name, "algorithm_description": chosen.description, "procs_measured": procs,
+             "identifiable": identifiable, "fit_method": opts.method,
+             "alpha_s": first.alpha_s, "alpha_ci95_s": list(first.ci95[0]),
+             "beta_s_per_byte": last.beta_s_per_byte, "beta_ci95_s_per_byte": list(last.ci95[1]),
+             "segments": [s.to_json() for s in fit.segments], "candidates": cand,
+             "heldout": held.to_json(), "warnings": warnings}
+    return model, warnings
+
+
+def hockney_rows(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[list[dict], list[str]]:
+    """t = alpha + beta n per process count (segmented like the models), one row per segment."""
+    rows, warnings = [], []
+    line = algorithm("hockney")
+    for procs, sub in df.groupby("procs"):
+        pts = _points(sub)
+        if pts.n_sizes < 3:
+            warnings.append(f"{op}/{link}/p{procs}: too few sizes ({pts.n_sizes}) for a Hockney fit")
+            continue
+        fit = fit_piecewise(line, pts, opts.method, opts.max_segments, opts.min_sizes)
+        for i, s in enumerate(fit.segments):
+            rows.append({"op": op, "link": link, "procs": int(procs), "segment": i, "min_bytes": s.min_bytes,
+                         "max_bytes": s.max_bytes, "alpha_s": s.alpha_s, "alpha_se_s": s.se[0],
+                         "alpha_ci95_s": list(s.ci95[0]), "beta_s_per_byte": s.beta_s_per_byte,
+                         "beta_se_s_per_byte": s.se[1], "beta_ci95_s_per_byte": list(s.ci95[1]), "r2": s.r2,
+                         "n_points": s.n_points})
+    return rows, warnings
+
+
+def gemm_rates(df: pd.DataFrame) -> dict:
+    """Per dtype: the saturated GEMM rate (median over sizes reaching 90% of the peak) and where it saturates."""
+    out = {}
+    for dtype, sub in df.groupby("dtype"):
+        rate = (sub["flops"] / sub["seconds"]).to_numpy()
+        size = sub["size_bytes"].to_numpy(dtype=float)
+        peak = float(rate.max())
+        sat = rate >= 0.9 * peak
+        out[str(dtype)] = {"flops_per_s": float(np.median(rate[sat])), "peak_flops_per_s": peak,
+                           "saturation_bytes": float(size[sat].min()), "n_points": int(len(rate))}
+    return out
+
+
+def _link_classes(points: pd.DataFrame) -> dict:
+    out = {}
+    for link, sub in points[points["op"] != "gemm"].groupby("link"):
+        shapes = sub[["procs", "nodes", "ranks_per_node"]].drop_duplicates().sort_values("procs")
+        out[str(link)] = {"meaning": LINK_MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
+                          "ranks_per_node": int(shapes["ranks_per_node"].max()),
+                          "procs": sorted({int(p) for p in shapes["procs"]}),
+                          "shapes": [{k: int(v) for k, v in r.items()} for r in shapes.to_dict("records")]}
+    return out
+
+
+def _version() -> str:
+    try:
+        return metadata.version("commcal")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
+    """The whole calibration dict (validated by the caller against the schema)."""
+    pts = runs.points
+    comm = pts[pts["op"] != "gemm"]
+    models, hockney, warnings = {}, [], list(runs.dropped)
+    for (op, link), df in comm.groupby(["op", "link"], sort=True):
+        model, why = fit_model(str(op), str(link), df, opts)
+        warnings += why
+        if model is not None:
+            models.setdefault(str(op), {})[str(link)] = model
+        if op not in P2P_OPS:
+            rows, why = hockney_rows(str(op), str(link), df, opts)
+            hockney += rows
+            warnings += why
+    p2p = {op: {link: {"alpha_s": m["alpha_s"], "alpha_ci95_s": m["alpha_ci95_s"],
+                       "beta_s_per_byte": m["beta_s_per_byte"], "beta_ci95_s_per_byte": m["beta_ci95_s_per_byte"],
+                       "bandwidth_bytes_per_s": 1.0 / m["beta_s_per_byte"] if m["beta_s_per_byte"] > 0 else None}
+                for link, m in by_link.items()}
+           for op, by_link in models.items() if op in P2P_OPS}
+    return {
+        "schema": SCHEMA, "version": VERSION, "created_utc": datetime.now(timezone.utc).isoformat(),
+        "backend": str(pts["backend"].iloc[0]),
+        "fit": {**{k: v for k, v in asdict(opts).items() if k != "min_sizes"}, "commcal_version": _version()},
+        "provenance": {"run_ids": [r["run_id"] for r in runs.runs], "runs": list(runs.runs)},
+        "link_classes": _link_classes(pts),
+        "models": models,
+        "hockney": hockney,
+        "p2p": p2p,
+        "compute": {"gemm": gemm_rates(pts[pts["op"] == "gemm"])},
+        "warnings": warnings,
+    }

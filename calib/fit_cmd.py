@@ -1,0 +1,64 @@
+"""`commcal fit RUN_DIR... --out calibration.json`: fit every run's samples, validate the calibration against
+its JSON Schema, write it atomically, and print the held-out error figures and every warning."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from calib.calibration import calibration_from_dict
+from calib.fit import FitOptions, fit_calibration
+from calib.points import load_runs
+from microbench.atomic import atomic_write_json
+from microbench.errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by `commcal sweep`")
+    p.add_argument("--out", required=True, help="calibration JSON to write")
+    p.add_argument("--method", choices=("wls", "huber"), default="wls",
+                   help="wls: weighted least squares for relative error (default); huber: robust RLM, resists bad points")
+    p.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out check over sizes (default 5)")
+    p.add_argument("--max-segments", type=int, default=3,
+                   help="most size segments (protocol or algorithm switches) per model (default 3)")
+    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), help="backend to fit when runs mix several")
+    p.add_argument("--quiet", action="store_true", help="print warnings only")
+
+
+def _pct(x) -> str:
+    return "   -  " if x is None else f"{x:6.1%}"
+
+
+def report(cal: dict) -> str:
+    """Held-out figures per (op, link), then point-to-point and GEMM figures."""
+    lines = [f"{'op':<15}{'link':<8}{'model':<20}{'seg':>4}{'med':>8}{'p90':>8}{'med>=4K':>9}{'p90>=4K':>9}"]
+    for op, by_link in sorted(cal["models"].items()):
+        for link, m in sorted(by_link.items()):
+            h = m["heldout"]
+            lines.append(f"{op:<15}{link:<8}{m['algorithm']:<20}{len(m['segments']):>4}  {_pct(h['median_abs_rel_err'])}"
+                         f"  {_pct(h['p90_abs_rel_err'])}   {_pct(h['median_abs_rel_err_ge_4KiB'])}"
+                         f"   {_pct(h['p90_abs_rel_err_ge_4KiB'])}")
+    for op, by_link in sorted(cal["p2p"].items()):
+        for link, q in sorted(by_link.items()):
+            bw = q["bandwidth_bytes_per_s"]
+            lines.append(f"p2p {op} {link}: alpha {q['alpha_s'] * 1e6:.3g} us, beta {q['beta_s_per_byte']:.4g} s/B"
+                         + (f" ({bw / 1e6:.4g} MB/s)" if bw else ""))
+    for dtype, g in sorted(cal["compute"]["gemm"].items()):
+        lines.append(f"gemm {dtype}: {g['flops_per_s'] / 1e9:.4g} GFLOP/s, saturating from {g['saturation_bytes']:g} B")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.folds < 2 or args.max_segments < 1:
+        raise UsageError("--folds must be >= 2 and --max-segments >= 1")
+    runs = load_runs(args.runs, args.backend)
+    cal = fit_calibration(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments))
+    calibration_from_dict(cal, args.out)
+    atomic_write_json(args.out, cal)
+    if not args.quiet:
+        print(report(cal))
+        print(f"wrote {args.out}: {sum(len(v) for v in cal['models'].values())} models, "
+              f"{len(cal['hockney'])} Hockney rows, {len(runs.points)} points from {len(runs.runs)} run(s)")
+    for w in cal["warnings"]:
+        print(f"WARNING: {w}", file=sys.stderr)
+    return 0

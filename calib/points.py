@@ -1,0 +1,101 @@
+"""Reading sweep runs for the fit: every point's summary row joined with the median of its samples
+(robust to outlying iterations), plus each run's provenance. Reads through microbench.records only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from microbench import records
+from microbench.errors import UsageError
+
+_KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
+         "size_bytes", "dtype", "flops", "wrong")
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """The points of several runs (one row per run and point, `seconds` = median sample) and their run.json."""
+
+    points: pd.DataFrame
+    runs: tuple[dict, ...]
+    dropped: tuple[str, ...]          # why points were left out, one line each
+
+
+def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
+    """The calibration's view of a run.json (string fields; tolerant of keys a sweep did not record)."""
+    def text(*keys):
+        for k in keys:
+            if meta.get(k) not in (None, ""):
+                v = meta[k]
+                return v if isinstance(v, str) else str(v)
+        return "unknown"
+
+    hosts = meta.get("hosts") or []
+    if isinstance(hosts, dict):
+        hosts = list(hosts)
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    return {"run_id": run_id, "dir": str(run_dir), "date": text("started_utc", "date", "started", "created_utc"),
+            "machine": text("machine", "hostname", "cluster"), "hosts": [str(h) for h in hosts],
+            "mpi_library": text("mpi_library", "mpi_library_version", "mpi_vendor"),
+            "versions": {str(k): str(v) for k, v in versions.items()}}
+
+
+def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
+    meta = records.read_run_json(run_dir)
+    summary = records.load_summary(run_dir)
+    try:
+        samples = records.load_samples(run_dir)
+    except UsageError as exc:
+        raise UsageError(f"{run_dir}: no samples to fit ({exc})") from None
+    missing = [c for c in _KEEP if c not in summary.columns] + \
+              [c for c in ("point_id", "time_s") if c not in samples.columns]
+    if missing:
+        raise UsageError(f"{run_dir}: run files lack column {missing[0]!r}")
+    if samples.empty:
+        raise UsageError(f"{run_dir}: run holds no samples")
+    times = pd.to_numeric(samples["time_s"], errors="coerce")
+    good = np.isfinite(times) & (times > 0)
+    stats = times[good].groupby(samples["point_id"][good].astype(str), sort=False).agg(["median", "size"])
+    stats.columns = ["seconds", "n_samples"]
+    pts = summary.loc[:, list(_KEEP)].copy()
+    pts["point_id"] = pts["point_id"].astype(str)
+    pts = pts.join(stats, on="point_id", how="inner")
+    dropped = []
+    if len(pts) < len(summary):
+        dropped.append(f"{run_dir}: {len(summary) - len(pts)} points without positive samples left out")
+    wrong = pts["wrong"] > 0
+    if wrong.any():
+        dropped.append(f"{run_dir}: {int(wrong.sum())} points with wrong results left out "
+                       f"({', '.join(pts.loc[wrong, 'point_id'].head(3))})")
+        pts = pts[~wrong]
+    if pts.empty:
+        raise UsageError(f"{run_dir}: no point has usable samples")
+    run_id = str(meta.get("run_id") or pts["run_id"].iloc[0])
+    pts["run_id"] = run_id
+    pts["backend"] = pts["backend"].fillna(meta.get("backend", "mpi")).astype(str)
+    return pts, _provenance(meta, run_dir, run_id), dropped
+
+
+def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
+    """All points of the given runs; UsageError on a bad directory or a mix of backends without --backend."""
+    frames, runs, dropped = [], [], []
+    for d in run_dirs:
+        pts, prov, why = _one_run(Path(d))
+        frames.append(pts)
+        runs.append(prov)
+        dropped += why
+    points = pd.concat(frames, ignore_index=True)
+    backends = sorted(points["backend"].unique())
+    if backend is None and len(backends) > 1:
+        raise UsageError(f"runs mix backends {', '.join(backends)}; fit one at a time with --backend")
+    chosen = backend or backends[0]
+    points = points[points["backend"] == chosen]
+    if points.empty:
+        raise UsageError(f"no points for backend {chosen!r} (runs hold {', '.join(backends)})")
+    for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes"):
+        points[col] = points[col].astype("int64")
+    return RunSet(points.reset_index(drop=True), tuple(runs), tuple(dropped))

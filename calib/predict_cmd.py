@@ -1,0 +1,41 @@
+"""`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--json]`: one predicted time with its
+95% interval, saying when it extrapolates beyond what was measured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from calib.calibration import load_calibration
+from microbench.records import LINK_CLASSES
+from microbench.sizes import format_size, parse_size
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
+    p.add_argument("--op", required=True, help="operation, e.g. allreduce, allgather, pingpong")
+    p.add_argument("--link", required=True, choices=LINK_CLASSES, help="link class")
+    p.add_argument("--procs", required=True, type=int, help="process count")
+    p.add_argument("--bytes", required=True, help="size in the nccl-tests convention, e.g. 64M")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _time(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.4g} {unit}"
+    return f"{s * 1e9:.4g} ns"
+
+
+def run(args: argparse.Namespace) -> int:
+    cal = load_calibration(args.calibration)
+    nbytes = parse_size(args.bytes)
+    pred = cal.predict(args.op, args.link, args.procs, nbytes)
+    if args.json:
+        print(json.dumps({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict()}))
+        return 0
+    print(f"{args.op} on {args.link}, p={args.procs}, {format_size(nbytes)}B: {_time(pred.seconds)} "
+          f"(95% interval {_time(pred.low_s)} .. {_time(pred.high_s)}; {pred.model} model)")
+    if pred.note:
+        print(f"note: {pred.note}")
+    return 0

@@ -1,0 +1,184 @@
+"""Piecewise alpha-beta regression: t = a(p) alpha + b(p) n beta on each size segment, fitted for relative
+error (times span six orders of magnitude), with change points in size found by dynamic programming
+and chosen by BIC. Final parameters come from statsmodels (WLS, or RLM with Huber's norm)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import statsmodels.api as sm
+
+from calib.algorithms import Algorithm, piecewise_terms, segment_bounds
+
+TRIM = 0.25
+"""Change-point search cost: squared relative residual, capped at TRIM**2 so one bad point cannot buy a segment."""
+COST_FLOOR = 1e-4
+"""Relative scatter below which better fits earn no more BIC credit (noise-free data would otherwise split)."""
+
+
+@dataclass(frozen=True)
+class Points:
+    """Point medians of one fit: process counts, sizes in bytes, seconds, and the nominal size index that
+    groups sizes across process counts (for segments and held-out folds)."""
+
+    procs: np.ndarray
+    nbytes: np.ndarray
+    seconds: np.ndarray
+    size_index: np.ndarray
+
+    @classmethod
+    def build(cls, procs, nbytes, seconds, nominal) -> "Points":
+        nominal = np.asarray(nominal, dtype=float)
+        _, index = np.unique(nominal, return_inverse=True)
+        return cls(np.asarray(procs, dtype=float), np.asarray(nbytes, dtype=float),
+                   np.asarray(seconds, dtype=float), index)
+
+    def take(self, mask: np.ndarray) -> "Points":
+        return Points.build(self.procs[mask], self.nbytes[mask], self.seconds[mask], self.size_index[mask])
+
+    @property
+    def n_sizes(self) -> int:
+        return int(self.size_index.max()) + 1 if len(self.size_index) else 0
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """One segment's fitted alpha and beta (Results half of the Model/Results split)."""
+
+    algorithm: str
+    method: str
+    min_bytes: float
+    max_bytes: float
+    params: tuple[float, float]                       # alpha_s, beta_s_per_byte
+    se: tuple[float, float]
+    ci95: tuple[tuple[float, float], tuple[float, float]]
+    cov_alpha_beta: float
+    rel_resid_sd: float
+    r2: float
+    n_points: int
+    n_sizes: int
+    rel_residuals: tuple[float, ...]
+
+    @property
+    def alpha_s(self) -> float:
+        return self.params[0]
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        return self.params[1]
+
+    def to_json(self) -> dict:
+        return {"min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
+                "alpha_s": self.params[0], "alpha_se_s": self.se[0], "alpha_ci95_s": list(self.ci95[0]),
+                "beta_s_per_byte": self.params[1], "beta_se_s_per_byte": self.se[1],
+                "beta_ci95_s_per_byte": list(self.ci95[1]), "cov_alpha_beta_s2_per_byte": self.cov_alpha_beta,
+                "rel_resid_sd": self.rel_resid_sd, "r2": self.r2, "n_points": self.n_points, "n_sizes": self.n_sizes}
+
+
+def _design(alg: Algorithm, pts: Points) -> np.ndarray:
+    a, b = alg.coefficients(pts.procs)
+    return np.column_stack([np.broadcast_to(a, pts.seconds.shape), b * pts.nbytes])
+
+
+def fit_line(alg: Algorithm, pts: Points, method: str) -> LineFit:
+    """statsmodels fit of t = a alpha + b n beta minimising relative error: WLS with weights 1/t^2, or
+    Huber RLM on the same system divided through by t. Columns are scaled for conditioning."""
+    X = _design(alg, pts)
+    t = pts.seconds
+    scale = np.maximum(np.linalg.norm(X / t[:, None], axis=0), 1e-300)
+    Xs = X / scale
+    if method == "huber":
+        res = sm.RLM(np.ones_like(t), Xs / t[:, None], M=sm.robust.norms.HuberT()).fit()
+        rel_sd = float(res.scale)
+    else:
+        res = sm.WLS(t, Xs, weights=1.0 / t ** 2).fit()
+        rel_sd = float(math.sqrt(max(res.scale, 0.0)))
+    params = np.asarray(res.params) / scale
+    cov = np.asarray(res.cov_params()) / np.outer(scale, scale)
+    ci = np.asarray(res.conf_int(0.05)) / scale[:, None]
+    pred = X @ params
+    w = 1.0 / t ** 2
+    mean = np.sum(w * t) / np.sum(w)
+    ss_tot = float(np.sum(w * (t - mean) ** 2))
+    r2 = 1.0 - float(np.sum(w * (t - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    return LineFit(alg.name, method, float(pts.nbytes.min()), float(pts.nbytes.max()),
+                   (float(params[0]), float(params[1])), (float(se[0]), float(se[1])),
+                   ((float(ci[0, 0]), float(ci[0, 1])), (float(ci[1, 0]), float(ci[1, 1]))),
+                   float(cov[0, 1]), rel_sd, float(r2), len(t), pts.n_sizes, tuple((pred - t) / t))
+
+
+def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> np.ndarray:
+    """cost[i, j]: trimmed squared relative residuals of the least-squares line over size indices i..j,
+    every (i, j) at once: 2x2 normal equations from prefix sums, then all residuals in one array."""
+    m = pts.n_sizes
+    A = _design(alg, pts) / pts.seconds[:, None]
+    A = A / np.maximum(np.linalg.norm(A, axis=0), 1e-300)
+    u, v, idx = A[:, 0], A[:, 1], pts.size_index
+    per_size = np.zeros((m + 1, 5))
+    np.add.at(per_size, idx + 1, np.column_stack([u * u, u * v, v * v, u, v]))
+    prefix = np.cumsum(per_size, axis=0)
+    i, j = np.triu_indices(m, k=min_sizes - 1)
+    uu, uv, vv, su, sv = (prefix[j + 1] - prefix[i]).T
+    det = uu * vv - uv * uv
+    ok = det > 1e-12 * uu * vv
+    det = np.where(ok, det, 1.0)
+    c0, c1 = (vv * su - uv * sv) / det, (uu * sv - uv * su) / det
+    r = np.minimum((c0[:, None] * u + c1[:, None] * v - 1.0) ** 2, TRIM * TRIM)
+    inside = (idx >= i[:, None]) & (idx <= j[:, None])
+    cost = np.full((m, m), np.inf)
+    cost[i, j] = np.where(ok, np.sum(r * inside, axis=1), np.inf)
+    return cost
+
+
+def change_points(alg: Algorithm, pts: Points, max_segments: int, min_sizes: int) -> list[tuple[int, int]]:
+    """Size-index ranges [(first, last), ...] of the segmentation with the lowest BIC (at most max_segments
+    segments of at least min_sizes distinct sizes each)."""
+    m = pts.n_sizes
+    if m < 2 * min_sizes or max_segments == 1:
+        return [(0, m - 1)]
+    cost = _segment_costs(alg, pts, min_sizes)
+    n = len(pts.seconds)
+    # best[k][j]: lowest cost of covering sizes 0..j with k+1 segments; back[k][j]: where the last one starts
+    best = [cost[0].copy()]
+    back = [np.zeros(m, dtype=int)]
+    for _ in range(1, max_segments):
+        prev = best[-1]
+        cur, arg = np.full(m, np.inf), np.zeros(m, dtype=int)
+        for j in range(m):
+            for i in range(1, j + 1):
+                c = prev[i - 1] + cost[i, j]
+                if c < cur[j]:
+                    cur[j], arg[j] = c, i
+        best.append(cur)
+        back.append(arg)
+    bics = [n * math.log(max(best[k][m - 1] / n, COST_FLOOR ** 2)) + (3 * (k + 1) - 1) * math.log(n)
+            if math.isfinite(best[k][m - 1]) else math.inf for k in range(max_segments)]
+    k = int(np.argmin(bics))
+    ranges, j = [], m - 1
+    while k >= 0:
+        i = int(back[k][j]) if k > 0 else 0
+        ranges.append((i, j))
+        j, k = i - 1, k - 1
+    return ranges[::-1]
+
+
+@dataclass(frozen=True)
+class PiecewiseFit:
+    """An algorithm model fitted on size segments; predicts any (procs, bytes)."""
+
+    algorithm: Algorithm
+    segments: tuple[LineFit, ...]
+
+    def predict(self, procs, nbytes) -> np.ndarray:
+        col = lambda attr: np.array([getattr(s, attr) for s in self.segments])  # noqa: E731
+        bounds = segment_bounds(col("max_bytes"), col("min_bytes"))
+        return piecewise_terms(self.algorithm, bounds, col("alpha_s"), col("beta_s_per_byte"), procs, nbytes)[0]
+
+
+def fit_piecewise(alg: Algorithm, pts: Points, method: str, max_segments: int, min_sizes: int) -> PiecewiseFit:
+    ranges = change_points(alg, pts, max_segments, min_sizes)
+    segs = tuple(fit_line(alg, pts.take((pts.size_index >= i) & (pts.size_index <= j)), method) for i, j in ranges)
+    return PiecewiseFit(alg, segs)
