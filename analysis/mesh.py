@@ -1,0 +1,98 @@
+"""A device mesh over a job of nodes x ranks per node. Ranks number the mesh row-major (the last axis
+varies fastest) and fill nodes in order: rank r lives on node r // ranks_per_node.
+
+Each axis's process groups (the ranks that differ only in that axis's coordinate) have a shape: how many
+nodes they span and how many of their ranks share a node. The shape names the link class that prices a
+collective on the axis: "intra" (one node), "inter" (one rank per node) or "spread" (several of each).
+When groups of one axis differ in shape (ranks per node not aligned with the mesh) the widest is used."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from microbench.errors import UsageError
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """The process groups of one mesh axis."""
+
+    axis: int
+    size: int
+    nodes: int
+    ranks_per_node: int
+
+    @property
+    def link(self) -> str:
+        if self.nodes == 1:
+            return "intra"
+        return "inter" if self.ranks_per_node == 1 else "spread"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    shape: tuple[int, ...]
+    ranks_per_node: int
+
+    def __post_init__(self) -> None:
+        if not self.shape or any(n < 1 for n in self.shape):
+            raise UsageError(f"mesh axes must be positive integers (got {self.shape})")
+        if self.ranks_per_node < 1 or self.devices % self.ranks_per_node:
+            raise UsageError(f"{self.ranks_per_node} ranks per node does not divide the mesh's "
+                             f"{self.devices} devices")
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nodes(self) -> int:
+        return self.devices // self.ranks_per_node
+
+    def __str__(self) -> str:
+        return "x".join(map(str, self.shape)) + f" ({self.nodes} nodes x {self.ranks_per_node} ranks)"
+
+    def stride(self, axis: int) -> int:
+        return math.prod(self.shape[axis + 1:])
+
+    def coord(self, rank: int) -> tuple[int, ...]:
+        out = []
+        for axis in range(len(self.shape)):
+            out.append(rank // self.stride(axis) % self.shape[axis])
+        return tuple(out)
+
+    def group(self, axis: int, rank: int) -> list[int]:
+        """The ranks of `rank`'s group on `axis`, in coordinate order (the order a collective uses)."""
+        base = rank - self.coord(rank)[axis] * self.stride(axis)
+        return [base + i * self.stride(axis) for i in range(self.shape[axis])]
+
+    def groups(self, axis: int) -> list[list[int]]:
+        return [self.group(axis, r) for r in range(self.devices) if self.coord(r)[axis] == 0]
+
+    @cached_property
+    def axes(self) -> tuple[AxisGroup, ...]:
+        out = []
+        for axis, size in enumerate(self.shape):
+            shapes = set()
+            for g in self.groups(axis):
+                per_node: dict[int, int] = {}
+                for r in g:
+                    per_node[r // self.ranks_per_node] = per_node.get(r // self.ranks_per_node, 0) + 1
+                shapes.add((len(per_node), max(per_node.values())))
+            nodes, rpn = max(shapes)
+            out.append(AxisGroup(axis, size, nodes, rpn))
+        return tuple(out)
+
+
+def parse_mesh(text: str, ranks_per_node: int | None = None, devices: int | None = None) -> Mesh:
+    """"2x4" -> Mesh((2, 4)); ranks per node defaults to the last axis's size; `devices`, when given, must
+    equal the mesh's device count."""
+    if not re.fullmatch(r"\d+(x\d+)*", text.strip()):
+        raise UsageError(f"bad mesh {text!r}; write axis sizes like 2x4 or 2x2x2")
+    shape = tuple(int(t) for t in text.strip().split("x"))
+    if devices is not None and math.prod(shape) != devices:
+        raise UsageError(f"mesh {text} has {math.prod(shape)} devices, not the {devices} devices asked for")
+    return Mesh(shape, ranks_per_node or shape[-1])

@@ -1,0 +1,124 @@
+"""Models as chains of layers, built from a spec "NAME[:key=value,...]": a preset or a free-form kind.
+
+Kinds: linear (m, k, n), mlp (batch, d_in, d_hidden, d_out), dense (batch, dims=25088-4096-1000: linears
+with an activation between), embedding (vocab, dim, tokens, density), transformer (d, heads, head_dim, seq,
+batch, layers, ffn, vocab: 0 for no embedding, density). A transformer block is QKV projection, per-head
+attention, output projection, MLP (fc1, gelu, fc2); residuals and norms are elementwise and left out.
+Presets (overridable, e.g. "gpt-8.3b:layers=4"): see PRESETS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
+from microbench.errors import UsageError
+from microbench.ops import itemsize as dtype_itemsize
+
+PRESETS = {
+    # AutoDDL's transformer: model dim 8192, 64 heads x 128, 1024 sequences x 1024 tokens
+    "autoddl-transformer": ("transformer", {"d": 8192, "heads": 64, "seq": 1024, "batch": 1024, "layers": 1}),
+    # VGG13's three dense layers
+    "vgg13": ("dense", {"batch": 256, "dims": "25088-4096-4096-1000"}),
+    # Megatron-LM GPT configurations (hidden, heads, layers), sequence 1024, vocabulary 51200
+    "gpt-1.2b": ("transformer", {"d": 1536, "heads": 16, "layers": 40, "seq": 1024, "batch": 512, "vocab": 51200}),
+    "gpt-2.5b": ("transformer", {"d": 1920, "heads": 20, "layers": 54, "seq": 1024, "batch": 512, "vocab": 51200}),
+    "gpt-4.2b": ("transformer", {"d": 2304, "heads": 24, "layers": 64, "seq": 1024, "batch": 512, "vocab": 51200}),
+    "gpt-8.3b": ("transformer", {"d": 3072, "heads": 32, "layers": 72, "seq": 1024, "batch": 512, "vocab": 51200}),
+}
+
+KINDS = {
+    "linear": {"m": 1024, "k": 1024, "n": 1024},
+    "mlp": {"batch": 1024, "d_in": 1024, "d_hidden": 4096, "d_out": 0},
+    "dense": {"batch": 256, "dims": "1024-1024"},
+    "embedding": {"vocab": 51200, "dim": 1024, "tokens": 8192, "density": 0.05},
+    "transformer": {"d": 1024, "heads": 16, "head_dim": 0, "seq": 1024, "batch": 8, "layers": 1, "ffn": 0,
+                    "vocab": 0, "density": 0.05},
+}
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    layers: tuple[Layer, ...]
+
+
+def _dense(prefix: str, batch: int, dims: list[int], isz: int) -> list[Layer]:
+    out: list[Layer] = []
+    for i, (a, b) in enumerate(zip(dims, dims[1:])):
+        if i:
+            out.append(Elementwise(f"{prefix}act{i}", isz, batch, a, "relu"))
+        out.append(Linear(f"{prefix}fc{i + 1}", isz, batch, a, b))
+    return out
+
+
+def _transformer(p: dict, isz: int) -> list[Layer]:
+    d, heads = p["d"], p["heads"]
+    hd = p["head_dim"] or d // heads
+    ffn = p["ffn"] or 4 * d
+    tokens = p["batch"] * p["seq"]
+    out: list[Layer] = []
+    if p["vocab"]:
+        out.append(Embedding("embed", isz, p["vocab"], d, tokens, float(p["density"])))
+    for i in range(p["layers"]):
+        out += [Linear(f"block{i}.qkv", isz, tokens, d, 3 * heads * hd),
+                Attention(f"block{i}.attn", isz, p["batch"], p["seq"], heads, hd),
+                Linear(f"block{i}.proj", isz, tokens, heads * hd, d),
+                Linear(f"block{i}.fc1", isz, tokens, d, ffn),
+                Elementwise(f"block{i}.gelu", isz, tokens, ffn),
+                Linear(f"block{i}.fc2", isz, tokens, ffn, d)]
+    return out
+
+
+def _params(kind: str, given: dict[str, str]) -> dict:
+    out = dict(KINDS[kind])
+    for key, text in given.items():
+        if key not in out:
+            raise UsageError(f"{kind} has no parameter {key!r}; it takes {', '.join(KINDS[kind])}")
+        try:
+            out[key] = text if key == "dims" else (float(text) if key == "density" else int(text))
+        except ValueError:
+            raise UsageError(f"{kind}: {key}={text!r} is not a number") from None
+        if key not in ("dims", "density", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
+            raise UsageError(f"{kind}: {key} must be at least 1 (got {out[key]})")
+    return out
+
+
+def parse_model(spec: str, dtype: str = "float32") -> Model:
+    """A Model from "NAME[:key=value,...]"."""
+    name, _, rest = spec.strip().partition(":")
+    given = {}
+    for item in filter(None, (t.strip() for t in rest.split(","))):
+        key, eq, val = item.partition("=")
+        if not eq:
+            raise UsageError(f"model spec {spec!r}: {item!r} is not key=value")
+        given[key.strip()] = val.strip()
+    if name in PRESETS:
+        kind, base = PRESETS[name]
+        given = {**{k: str(v) for k, v in base.items()}, **given}
+    elif name in KINDS:
+        kind = name
+    else:
+        raise UsageError(f"unknown model or layer {name!r}; choose from {', '.join([*PRESETS, *KINDS])}")
+    p = _params(kind, given)
+    isz = dtype_itemsize(dtype)
+    if kind == "linear":
+        layers: list[Layer] = [Linear("linear", isz, p["m"], p["k"], p["n"])]
+    elif kind == "mlp":
+        layers = _dense("", p["batch"], [p["d_in"], p["d_hidden"], p["d_out"] or p["d_in"]], isz)
+    elif kind == "dense":
+        try:
+            dims = [int(t) for t in p["dims"].split("-")]
+        except ValueError:
+            raise UsageError(f"dense: dims={p['dims']!r} must be sizes joined by '-'") from None
+        if len(dims) < 2 or min(dims) < 1:
+            raise UsageError("dense: dims needs at least two positive sizes")
+        layers = _dense("", p["batch"], dims, isz)
+    elif kind == "embedding":
+        if not 0 < p["density"] <= 1:
+            raise UsageError(f"embedding: density must be in (0, 1] (got {p['density']})")
+        layers = [Embedding("embed", isz, p["vocab"], p["dim"], p["tokens"], p["density"])]
+    else:
+        if p["d"] % p["heads"] and not p["head_dim"]:
+            raise UsageError(f"transformer: d={p['d']} is not divisible by heads={p['heads']}")
+        layers = _transformer(p, isz)
+    return Model(spec, tuple(layers))

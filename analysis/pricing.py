@@ -1,0 +1,68 @@
+"""Prices plan steps and local computations from a calibration (anything with calib.calibration's
+predict_seconds and gemm_flops_per_s). A collective on a mesh axis is priced by the calibration entry of
+the axis's link class at the axis's group size, with the nccl-tests size of the step. Fallback when the
+calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra; spread -> inter ->
+intra (the link actually used is what breakdowns report); an op it lacks on every link costs infinity."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from analysis.mesh import Mesh
+
+FALLBACK = {"intra": ("intra", "spread", "inter"), "inter": ("inter", "spread", "intra"),
+            "spread": ("spread", "inter", "intra")}
+
+
+class Pricer:
+    def __init__(self, calibration, mesh: Mesh, dtype: str = "float32"):
+        self.cal = calibration
+        self.mesh = mesh
+        self.flops_per_s = calibration.gemm_flops_per_s(dtype)
+        self._link: dict[tuple[str, int], str | None] = {}
+
+    def link(self, op: str, axis: int) -> str | None:
+        """The calibration link that prices `op` on `axis` (after fallback), or None."""
+        key = (op, axis)
+        if key not in self._link:
+            want = self.mesh.axes[axis].link
+            self._link[key] = next((lk for lk in FALLBACK[want] if self.cal.has(op, lk)), None)
+        return self._link[key]
+
+    def seconds(self, op: str, axis: int, size_bytes) -> np.ndarray:
+        """Vectorised seconds of `op` on `axis` for nccl-tests sizes `size_bytes`."""
+        size_bytes = np.asarray(size_bytes, dtype=float)
+        link = self.link(op, axis)
+        if link is None:
+            return np.full(size_bytes.shape, np.inf)
+        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes)
+
+    def price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
+        """(communication seconds, compute seconds) of each list of steps, priced in one vectorised pass
+        per (op, axis)."""
+        groups: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+        compute = np.zeros(len(step_lists))
+        for i, steps in enumerate(step_lists):
+            for st in steps:
+                if hasattr(st, "flops"):
+                    compute[i] += st.flops
+                elif st.is_comm:
+                    idx, size = groups[(st.op, st.axis)]
+                    idx.append(i)
+                    size.append(st.size_bytes)
+        comm = np.zeros(len(step_lists))
+        for (op, axis), (idx, size) in groups.items():
+            comm += np.bincount(idx, weights=self.seconds(op, axis, size), minlength=len(step_lists))
+        return comm, compute / self.flops_per_s
+
+    def breakdown(self, steps) -> dict[str, float]:
+        """Seconds per "collective/link" (the link that priced it), plus "compute"."""
+        out: dict[str, float] = defaultdict(float)
+        for st in steps:
+            if hasattr(st, "flops"):
+                out["compute"] += st.flops / self.flops_per_s
+            elif st.is_comm:
+                out[f"{st.op}/{self.link(st.op, st.axis)}"] += float(self.seconds(st.op, st.axis, [st.size_bytes])[0])
+        return dict(out)

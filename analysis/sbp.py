@@ -1,0 +1,115 @@
+"""SBP placements and signatures: Split(dim), Broadcast(), PartialSum() as frozen values (short forms S(0),
+B, P); a signature is one placement per mesh axis.
+
+Layout convention (the harness relies on it): when several mesh axes split the same tensor dim, the
+block a device holds is numbered in mixed radix over those axes in ascending axis order (axis 0 is the
+most significant digit). `local_slices` gives a device's block of the global tensor; under P every
+device of the axis holds an addend of the same block (`partial_owner`: the one that holds it all after
+a local B->P step)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from microbench.errors import UsageError
+
+
+@dataclass(frozen=True, order=True)
+class Placement:
+    """kind: "S" split, "B" broadcast, "P" partial sum; dim: the split tensor dim (-1 otherwise)."""
+
+    kind: str
+    dim: int = -1
+
+    def __str__(self) -> str:
+        return f"S({self.dim})" if self.kind == "S" else self.kind
+
+    @property
+    def is_split(self) -> bool:
+        return self.kind == "S"
+
+
+def Split(dim: int) -> Placement:  # noqa: N802 - reads like the notation
+    return Placement("S", dim)
+
+
+def Broadcast() -> Placement:  # noqa: N802
+    return Placement("B")
+
+
+def PartialSum() -> Placement:  # noqa: N802
+    return Placement("P")
+
+
+S = Split
+B = Broadcast()
+P = PartialSum()
+
+Signature = tuple[Placement, ...]
+
+
+def fmt(sig: Signature) -> str:
+    """(S(0), B) -> "[S(0), B]"."""
+    return "[" + ", ".join(map(str, sig)) + "]"
+
+
+def parse_signature(text: str) -> Signature:
+    """"S(0),B" or "[S(0), B]" -> (S(0), B)."""
+    out = []
+    for tok in re.split(r"\s*,\s*(?![^()]*\))", text.strip().strip("[]").strip()):
+        m = re.fullmatch(r"S\((\d+)\)|([BP])", tok.strip())
+        if not m:
+            raise UsageError(f"bad placement {tok!r} in signature {text!r}; use S(d), B or P")
+        out.append(Split(int(m.group(1))) if m.group(1) is not None else Placement(m.group(2)))
+    return tuple(out)
+
+
+def splitters(sig: Signature, dim: int) -> list[int]:
+    """Mesh axes that split tensor dim `dim`, in ascending order."""
+    return [a for a, p in enumerate(sig) if p == Split(dim)]
+
+
+def split_factors(sig: Signature, mesh_shape: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """How many blocks each tensor dim is cut into."""
+    return tuple(math.prod(mesh_shape[a] for a in splitters(sig, d)) for d in range(ndim))
+
+
+def fraction(sig: Signature, mesh_shape: tuple[int, ...]) -> float:
+    """Share of the global tensor one device holds."""
+    return 1.0 / math.prod(n for n, p in zip(mesh_shape, sig) if p.is_split)
+
+
+def indivisible(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, ...]) -> str | None:
+    """Why `sig` cannot shard `shape` evenly, or None."""
+    for d, f in enumerate(split_factors(sig, mesh_shape, len(shape))):
+        if shape[d] % f:
+            return f"dim {d} of size {shape[d]} is not divisible by {f} (signature {fmt(sig)})"
+    for p in sig:
+        if p.is_split and p.dim >= len(shape):
+            return f"{p} splits a dim the {len(shape)}-d tensor does not have"
+    return None
+
+
+def local_shape(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n // f for n, f in zip(shape, split_factors(sig, mesh_shape, len(shape))))
+
+
+def local_slices(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, ...],
+                 coord: tuple[int, ...]) -> tuple[slice, ...]:
+    """The block of the global tensor that the device at mesh coordinate `coord` holds."""
+    out = []
+    for d, n in enumerate(shape):
+        index, count = 0, 1
+        for a in splitters(sig, d):
+            index = index * mesh_shape[a] + coord[a]
+            count *= mesh_shape[a]
+        size = n // count
+        out.append(slice(index * size, (index + 1) * size))
+    return tuple(out)
+
+
+def partial_owner(coord: tuple[int, ...], axis: int) -> bool:
+    """After a local B->P step on `axis`, the member with coordinate 0 keeps the data, the others zeros."""
+    return coord[axis] == 0

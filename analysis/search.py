@@ -1,0 +1,200 @@
+"""Strategy search over a model's chain of layers on a mesh, priced by a Pricer.
+
+Every layer's strategies are enumerated and priced (exhaustive per layer); between neighbours the
+activation is redistributed forward (y of one -> x of the next) and its gradient backward (dx of the next
+-> dy of the one), and the last layer's output is resolved (P -> B) with its gradient arriving that way.
+The chain optimum is exact by dynamic programming over layers. A memory cap (bytes per device, summed over
+layers) is met by Lagrangian relaxation: minimise time + lambda * memory, bisecting lambda. AutoDDL's
+coordinate descent (each layer in turn set to its best given its neighbours, from random starts) runs on
+the same tables for comparison."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from analysis.layers import Layer, Schedule, Strategy
+from analysis.models import Model
+from analysis.pricing import Pricer
+from analysis.redistribute import plan
+from analysis.sbp import B, P, Signature
+
+
+def resolved(sig: Signature) -> Signature:
+    """The model output's signature: partial sums reduced (P -> B)."""
+    return tuple(B if p == P else p for p in sig)
+
+
+@dataclass
+class LayerOptions:
+    """One layer's strategies, their schedules and prices (inf where infeasible)."""
+
+    layer: Layer
+    need_dx: bool
+    strategies: list[Strategy]
+    schedules: list[Schedule]
+    comm_s: np.ndarray
+    compute_s: np.ndarray
+    memory: np.ndarray
+
+    @property
+    def time_s(self) -> np.ndarray:
+        return self.comm_s + self.compute_s
+
+
+@dataclass
+class Tables:
+    """Everything the chain search needs: per-layer options, transition matrices and the end boundary."""
+
+    model: Model
+    options: list[LayerOptions]
+    transitions: list[np.ndarray]       # [i]: (S_i, S_{i+1}) seconds between layer i and i+1
+    final: np.ndarray                   # (S_last,) seconds to resolve the output and its gradient
+
+
+class Tabulator:
+    """Builds Tables, caching schedules by layer shape and plan prices by (tensor, src, dst)."""
+
+    def __init__(self, pricer: Pricer):
+        self.pricer = pricer
+        self._layers: dict = {}
+        self._plans: dict = {}
+        self._trans: dict = {}
+
+    def options(self, layer: Layer, need_dx: bool) -> LayerOptions:
+        key = (replace(layer, name=""), need_dx)
+        if key not in self._layers:
+            mesh = self.pricer.mesh
+            strategies = layer.strategies(mesh)
+            schedules = [layer.schedule(s, mesh, need_dx) for s in strategies]
+            comm, comp = self.pricer.price([sc.steps for sc in schedules])
+            bad = np.array([not sc.feasible for sc in schedules])
+            comm[bad] = np.inf
+            comp[bad] = np.inf
+            mem = np.array([sc.memory_bytes for sc in schedules], dtype=float)
+            self._layers[key] = LayerOptions(layer, need_dx, strategies, schedules, comm, comp, mem)
+        opt = self._layers[key]
+        return opt if opt.layer is layer else replace(opt, layer=layer)
+
+    def plan_seconds(self, shape, itemsize, pairs: list[tuple[Signature, Signature]]) -> np.ndarray:
+        """Seconds of each (src, dst) redistribution of a `shape` tensor (inf where infeasible)."""
+        todo = [(s, d) for s, d in set(pairs) if (shape, itemsize, s, d) not in self._plans]
+        plans = [plan(shape, itemsize, s, d, self.pricer.mesh) for s, d in todo]
+        comm, _ = self.pricer.price([p.steps for p in plans])
+        for (s, d), p, c in zip(todo, plans, comm):
+            self._plans[(shape, itemsize, s, d)] = c if p.feasible else np.inf
+        return np.array([self._plans[(shape, itemsize, s, d)] for s, d in pairs])
+
+    def transition(self, a: LayerOptions, b: LayerOptions) -> np.ndarray:
+        key = (replace(a.layer, name=""), a.need_dx, replace(b.layer, name=""), b.need_dx)
+        if key not in self._trans:
+            ya = [a.layer.sigs(s) for s in a.strategies]
+            xb = [b.layer.sigs(s) for s in b.strategies]
+            shape, isz = a.layer.out_shape, a.layer.itemsize
+            fwd = [(ga.y, gb.x) for ga in ya for gb in xb]
+            bwd = [(gb.dx, ga.dy) for ga in ya for gb in xb]
+            t = self.plan_seconds(shape, isz, fwd) + self.plan_seconds(shape, isz, bwd)
+            self._trans[key] = t.reshape(len(ya), len(xb))
+        return self._trans[key]
+
+    def final(self, a: LayerOptions) -> np.ndarray:
+        gs = [a.layer.sigs(s) for s in a.strategies]
+        shape, isz = a.layer.out_shape, a.layer.itemsize
+        return (self.plan_seconds(shape, isz, [(g.y, resolved(g.y)) for g in gs])
+                + self.plan_seconds(shape, isz, [(resolved(g.y), g.dy) for g in gs]))
+
+    def tables(self, model: Model) -> Tables:
+        options = [self.options(layer, i > 0) for i, layer in enumerate(model.layers)]
+        transitions = [self.transition(a, b) for a, b in zip(options, options[1:])]
+        return Tables(model, options, transitions, self.final(options[-1]))
+
+
+def chain_cost(t: Tables, choice: np.ndarray, lam: float = 0.0) -> float:
+    """Total seconds (+ lam * memory) of one assignment (strategy index per layer)."""
+    total = sum(o.time_s[c] + lam * o.memory[c] for o, c in zip(t.options, choice))
+    total += sum(m[a, b] for m, a, b in zip(t.transitions, choice, choice[1:]))
+    return float(total + t.final[choice[-1]])
+
+
+def evaluate_many(t: Tables, choices: np.ndarray) -> np.ndarray:
+    """Total seconds of many assignments at once: choices is (N, layers) of strategy indices."""
+    total = t.final[choices[:, -1]].copy()
+    for i, o in enumerate(t.options):
+        total += o.time_s[choices[:, i]]
+    for i, m in enumerate(t.transitions):
+        total += m[choices[:, i], choices[:, i + 1]]
+    return total
+
+
+def dp(t: Tables, lam: float = 0.0) -> tuple[np.ndarray, float]:
+    """The exact optimum of time + lam * memory over the chain (Viterbi)."""
+    node = lambda o: np.where(np.isfinite(o.time_s), o.time_s + lam * o.memory, np.inf)  # noqa: E731
+    best = node(t.options[0])
+    back = []
+    for m, o in zip(t.transitions, t.options[1:]):
+        total = best[:, None] + m
+        arg = np.argmin(total, axis=0)
+        back.append(arg)
+        best = total[arg, np.arange(total.shape[1])] + node(o)
+    best = best + t.final
+    choice = [int(np.argmin(best))]
+    value = float(best[choice[0]])
+    for arg in reversed(back):
+        choice.append(int(arg[choice[-1]]))
+    return np.array(choice[::-1]), value
+
+
+def memory_of(t: Tables, choice: np.ndarray) -> float:
+    return float(sum(o.memory[c] for o, c in zip(t.options, choice)))
+
+
+def optimum(t: Tables, cap: float | None = None) -> tuple[np.ndarray | None, float]:
+    """(assignment, lambda): the fastest assignment whose memory fits `cap`; (None, lam) if none fits."""
+    choice, _ = dp(t)
+    if cap is None or memory_of(t, choice) <= cap:
+        return choice, 0.0
+    lo, hi = 0.0, 1e-9
+    while memory_of(t, dp(t, hi)[0]) > cap:
+        hi *= 16
+        if hi > 1e6:
+            return None, hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if memory_of(t, dp(t, mid)[0]) > cap:
+            lo = mid
+        else:
+            hi = mid
+    return dp(t, hi)[0], hi
+
+
+def coordinate_descent(t: Tables, restarts: int = 8, seed: int = 0, lam: float = 0.0) -> np.ndarray:
+    """AutoDDL-style: from the per-layer best and random starts, set each layer to its best given its
+    neighbours until nothing changes; the best local optimum found."""
+    rng = np.random.default_rng(seed)
+    node = [np.where(np.isfinite(o.time_s), o.time_s + lam * o.memory, np.inf) for o in t.options]
+    n = len(node)
+    starts = [np.array([int(np.argmin(c)) for c in node])]
+    for _ in range(restarts):
+        starts.append(np.array([rng.choice(np.flatnonzero(np.isfinite(c))) for c in node]))
+    best, best_cost = None, math.inf
+    for choice in starts:
+        changed = True
+        while changed:
+            changed = False
+            for i in range(n):
+                c = node[i].copy()
+                if i > 0:
+                    c += t.transitions[i - 1][choice[i - 1], :]
+                if i < n - 1:
+                    c += t.transitions[i][:, choice[i + 1]]
+                else:
+                    c += t.final
+                j = int(np.argmin(c))
+                if c[j] < c[choice[i]]:
+                    choice[i], changed = j, True
+        cost = chain_cost(t, choice, lam)
+        if cost < best_cost:
+            best, best_cost = choice.copy(), cost
+    return best
