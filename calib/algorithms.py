@@ -47,8 +47,6 @@ _ALGS = {alg.name: alg for alg in (
     Algorithm("rabenseifner", lambda p: 2 * _log2(p), lambda p: 2 * _ring(p),
               "recursive halving reduce-scatter + recursive doubling allgather: 2 log2p alpha + 2(p-1)/p n beta"),
     Algorithm("recursive_doubling", _log2, _log2, "recursive doubling on the whole buffer: log2p (alpha + n beta)"),
-    Algorithm("reduce_bcast_tree", lambda p: 2 * _log2(p), lambda p: 2 * _log2(p),
-              "binomial reduce then binomial bcast: 2 log2p (alpha + n beta)"),
     Algorithm("ring_blocks", _lin, _ring, "ring / pairwise exchange of p blocks: (p-1) alpha + (p-1)/p n beta"),
     Algorithm("recursive_blocks", _log2, _ring,
               "recursive doubling (allgather) / halving (reduce-scatter): log2p alpha + (p-1)/p n beta"),
@@ -62,7 +60,7 @@ _ALGS = {alg.name: alg for alg in (
 )}
 
 CANDIDATES: dict[str, tuple[str, ...]] = {
-    "allreduce": ("ring", "rabenseifner", "recursive_doubling", "reduce_bcast_tree"),
+    "allreduce": ("ring", "rabenseifner", "recursive_doubling"),
     "allgather": ("ring_blocks", "recursive_blocks", "linear"),
     "reduce_scatter": ("ring_blocks", "recursive_blocks", "linear"),
     "alltoall": ("ring_blocks", "bruck", "linear"),
@@ -71,7 +69,9 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "pingpong": ("p2p",),
     "sendrecv": ("p2p",),
 }
-"""Candidates per operation, the most common large-message default first (it wins ties)."""
+"""Candidates per operation, the most common large-message default first (it wins ties). Shapes that are
+a constant multiple of another (binomial reduce + bcast = 2 x recursive doubling) would fit identically,
+so only one of them is listed."""
 
 P2P_OPS = ("pingpong", "sendrecv")
 

@@ -1,0 +1,139 @@
+"""The fit against known truth: synthetic sweeps from given alpha/beta per algorithm model, with sample noise,
+outlying iterations and bad points; the fit must recover the parameters, the algorithm and planted change points."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from calib.calibration import calibration_from_dict
+from calib.fit import FitOptions, fit_calibration
+from calib.points import load_runs
+from calib.synthetic import Segment, TrueModel, write_synthetic_run
+
+TRUTH = {
+    ("allreduce", "inter"): TrueModel.line(25e-6, 1.1e-9, "ring"),
+    ("allreduce", "intra"): TrueModel.line(4e-6, 3e-10, "recursive_doubling"),
+    ("allgather", "inter"): TrueModel.line(15e-6, 9e-10, "recursive_blocks"),
+    ("bcast", "inter"): TrueModel.line(12e-6, 1.3e-9, "linear"),
+    ("alltoall", "intra"): TrueModel.line(6e-6, 5e-10, "ring_blocks"),
+}
+KNEE = 65536
+PINGPONG = TrueModel((Segment(KNEE, 8e-6, 1.5e-9), Segment(math.inf, 45e-6, 0.9e-9)))
+PROCS = {"inter": [2, 4, 8], "intra": [2, 4, 8]}
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    run = write_synthetic_run(tmp_path_factory.mktemp("syn") / "run", {**TRUTH, ("pingpong", "inter"): PINGPONG},
+                              PROCS, samples=15, noise=0.03, outlier_fraction=0.05, gemm={"float64": 2e10}, seed=3)
+    cal = fit_calibration(load_runs([str(run)]))
+    calibration_from_dict(cal)
+    return cal
+
+
+@pytest.mark.parametrize("key", list(TRUTH))
+def test_recovers_alpha_beta_and_picks_the_generating_algorithm(fitted, key):
+    op, link = key
+    truth = TRUTH[key]
+    m = fitted["models"][op][link]
+    assert m["algorithm"] == truth.algorithm
+    assert m["identifiable"]
+    assert len(m["segments"]) == 1
+    seg = truth.segments[0]
+    assert m["alpha_s"] == pytest.approx(seg.alpha_s, rel=0.05)
+    assert m["beta_s_per_byte"] == pytest.approx(seg.beta_s_per_byte, rel=0.03)
+    lo, hi = m["beta_ci95_s_per_byte"]
+    assert lo < m["beta_s_per_byte"] < hi
+    others = [c["heldout_median_abs_rel_err"] for c in m["candidates"] if c["algorithm"] != truth.algorithm]
+    assert m["heldout"]["median_abs_rel_err"] < 0.02
+    assert all(o > 2 * m["heldout"]["median_abs_rel_err"] for o in others)
+
+
+def test_finds_a_planted_change_point(fitted):
+    m = fitted["models"]["pingpong"]["inter"]
+    segs = m["segments"]
+    assert len(segs) == 2
+    assert segs[0]["max_bytes"] < KNEE <= segs[1]["min_bytes"]
+    for fit, truth in zip(segs, PINGPONG.segments):
+        assert fit["alpha_s"] == pytest.approx(truth.alpha_s, rel=0.1)
+        assert fit["beta_s_per_byte"] == pytest.approx(truth.beta_s_per_byte, rel=0.03)
+    p2p = fitted["p2p"]["pingpong"]["inter"]
+    assert p2p["beta_s_per_byte"] == pytest.approx(0.9e-9, rel=0.03)
+    assert p2p["bandwidth_bytes_per_s"] == pytest.approx(1 / 0.9e-9, rel=0.03)
+
+
+def test_hockney_table_per_process_count_matches_the_model(fitted):
+    rows = [r for r in fitted["hockney"] if r["op"] == "allreduce" and r["link"] == "inter"]
+    assert sorted(r["procs"] for r in rows) == [2, 4, 8]
+    seg = TRUTH[("allreduce", "inter")].segments[0]
+    for r in rows:
+        p = r["procs"]
+        assert r["alpha_s"] == pytest.approx(2 * (p - 1) * seg.alpha_s, rel=0.05)
+        assert r["beta_s_per_byte"] == pytest.approx(2 * (p - 1) / p * seg.beta_s_per_byte, rel=0.03)
+        assert r["r2"] > 0.99
+
+
+def test_gemm_rate_and_saturation(fitted):
+    g = fitted["compute"]["gemm"]["float64"]
+    assert g["flops_per_s"] == pytest.approx(2e10, rel=0.05)
+    assert 0 < g["saturation_bytes"] < 64 * 2 ** 20
+
+
+def test_huber_resists_bad_points(tmp_path):
+    truth = TrueModel.line(20e-6, 1e-9, "ring")
+    run = write_synthetic_run(tmp_path / "run", {("allreduce", "inter"): truth}, {"inter": [2, 4, 8]},
+                              noise=0.01, bad_points=6, seed=11)
+    m = fit_calibration(load_runs([str(run)]), FitOptions(method="huber", max_segments=1))["models"]["allreduce"]["inter"]
+    assert m["fit_method"] == "huber"
+    assert m["algorithm"] == "ring"
+    assert m["alpha_s"] == pytest.approx(20e-6, rel=0.05)
+    assert m["beta_s_per_byte"] == pytest.approx(1e-9, rel=0.03)
+
+
+def test_poor_and_thin_fits_are_warned_in_the_file(tmp_path):
+    noisy = write_synthetic_run(tmp_path / "noisy", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]},
+                                noise=0.6, samples=3, seed=5)
+    cal = fit_calibration(load_runs([str(noisy)]))
+    m = cal["models"]["allreduce"]["inter"]
+    assert not m["identifiable"]
+    assert any("not identifiable" in w for w in m["warnings"])
+    assert any("exceeds" in w for w in m["warnings"]), m["heldout"]
+    assert set(m["warnings"]) <= set(cal["warnings"])
+    thin = write_synthetic_run(tmp_path / "thin", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]},
+                               sizes=(8, 1024))
+    cal = fit_calibration(load_runs([str(thin)]))
+    assert "allreduce" not in cal["models"]
+    assert any("too few" in w for w in cal["warnings"])
+
+
+def test_several_runs_fit_together(tmp_path):
+    model = {("allreduce", "inter"): TrueModel.line(20e-6, 1e-9)}
+    a = write_synthetic_run(tmp_path / "a", model, {"inter": [2]}, seed=1, run_id="a")
+    b = write_synthetic_run(tmp_path / "b", model, {"inter": [4, 8]}, seed=2, run_id="b")
+    cal = fit_calibration(load_runs([str(a), str(b)]))
+    m = cal["models"]["allreduce"]["inter"]
+    assert m["procs_measured"] == [2, 4, 8] and m["identifiable"]
+    assert cal["provenance"]["run_ids"] == ["a", "b"]
+    assert cal["link_classes"]["inter"]["procs"] == [2, 4, 8]
+
+
+def test_calib_never_imports_mpi4py():
+    code = ("import sys, calib.fit, calib.fit_cmd, calib.predict_cmd, calib.table_cmd, calib.synthetic, "
+            "calib.calibration, calib.tables; assert 'mpi4py' not in sys.modules, 'mpi4py imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_predictions_of_a_fit_follow_the_data(fitted):
+    cal = calibration_from_dict(fitted)
+    seg = TRUTH[("allreduce", "inter")].segments[0]
+    n = np.array([1e3, 1e6, 3e7])
+    want = 2 * 7 * seg.alpha_s + 2 * 7 / 8 * n * seg.beta_s_per_byte
+    np.testing.assert_allclose(cal.predict_seconds("allreduce", "inter", 8, n), want, rtol=0.04)
+    pred = cal.predict("allreduce", "inter", 16, 1e6)
+    assert pred.extrapolated and "procs 16 not measured" in pred.note
+    assert pred.low_s < pred.seconds < pred.high_s
