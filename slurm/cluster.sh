@@ -63,6 +63,16 @@ in_node() {  # in_node NAME CMD... : run CMD in that node's net/uts/mount namesp
 
 slurm_env() {
   export SLURM_CONF="$D/slurm.conf"
+  mpi_defaults
+}
+
+mpi_defaults() {
+  # Open MPI on this cluster: TCP between nodes, shared memory within; naming the transports
+  # skips seconds of probing for fabrics that are not there. Jobs inherit these (sbatch exports
+  # the environment); set them yourself to override.
+  export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_btl=${OMPI_MCA_btl:-self,sm,tcp}
+  export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+  export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -384,8 +394,7 @@ cmd_mpirun() {
   local mpirun=${MPIRUN:-$(command -v mpirun || true)}
   [ -n "$mpirun" ] || die "no mpirun on PATH (activate the venv)"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 COMMCAL_CLUSTER_DIR=$D
-  export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-  export PRTE_MCA_hwloc_default_binding_policy=none
+  mpi_defaults
   # The daemons and ranks start through nsagent, which enters the node's namespaces; they
   # inherit this environment, so PATH and the venv carry over. Keep MPI off the bridge to ctl.
   nsenter -t "$pid" --net --uts --mount -- /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" \

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=commcal-sweep
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --time=00:30:00
+#SBATCH --output=commcal-sweep-%j.out
+#
+# commcal on a Slurm cluster: measure the collectives across the allocation, fit the alpha-beta
+# models, and write this machine's calibration file.
+#
+#   sbatch slurm/sweep.sh                                  2 nodes x 2 tasks, 30 min, every operation
+#   sbatch -N 4 --ntasks-per-node=8 -t 2:00:00 slurm/sweep.sh
+#   COMMCAL_PRESET=quick sbatch slurm/sweep.sh             a first look in a few minutes
+#   sbatch slurm/sweep.sh   (again, same settings)        resumes the unfinished points of the run
+#
+# The #SBATCH lines above are defaults; options on the sbatch command line override them.
+# Knobs (environment variables, exported to the job by sbatch):
+#   COMMCAL_OUT_DIR     results directory (default: $SLURM_SUBMIT_DIR/commcal-out)
+#   COMMCAL_RUN_NAME    run directory under it (default: sweep-CLUSTER-NODESxTASKS_PER_NODE-BACKEND-PRESET);
+#                       a resubmission with the same name resumes it; pick a new name to start afresh
+#   COMMCAL_CALIBRATION calibration file (default: $COMMCAL_OUT_DIR/CLUSTER-YYYY-MM-DD.json)
+#   COMMCAL_PRESET      quick | full (default full: the sweep's own defaults, sizes 8:64M)
+#   COMMCAL_OPS         operations, e.g. allreduce,allgather,pingpong (default: all)
+#   COMMCAL_SIZES       message sizes, e.g. 8:16M or 8,1K,1M,4M (default: the preset's)
+#   COMMCAL_PROCS       process counts, e.g. 2,4 (default: powers of two up to the job, and the job)
+#   COMMCAL_LINKS       link classes: intra,inter,spread (default: all the allocation can form)
+#   COMMCAL_BACKEND     mpi | mpi-cuda | nccl (default mpi)
+#   COMMCAL_TARGET_CI, COMMCAL_POINT_BUDGET   the sweep's stopping rule (--target-ci, --point-budget)
+#   COMMCAL_SWEEP_ARGS  more `commcal sweep` arguments, verbatim
+#   COMMCAL_LAUNCHER    srun (default: srun --mpi=$COMMCAL_SRUN_MPI, pmix unless set) | mpirun
+#                       (mpirun inside the allocation, unbound)
+#   COMMCAL_REPORT      auto (default: build the report when `commcal report` exists) | 0 (skip)
+#   COMMCAL             the commcal command (default: `commcal` on PATH, else
+#                       $SLURM_SUBMIT_DIR/.venv/bin/commcal)
+# Exit status: 0 when the calibration was written; non-zero, with a line starting "commcal-sweep:
+# FAILED" in the job output, when the MPI world is not the task count, when a step fails, or when
+# a result was wrong. Finished points are kept on disk, so a job killed at its time limit loses
+# only the point in flight: resubmit to finish.
+set -euo pipefail
+
+say() { printf 'commcal-sweep: %s\n' "$*"; }
+fail() { printf 'commcal-sweep: FAILED: %s\n' "$1" >&2; exit "${2:-1}"; }
+
+[ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job: submit with sbatch slurm/sweep.sh" 2
+cd "${SLURM_SUBMIT_DIR:-$PWD}"
+
+# --- the commcal command -----------------------------------------------------------------------
+if [ -n "${COMMCAL:-}" ]; then
+  read -r -a COMMCAL_CMD <<<"$COMMCAL"
+elif command -v commcal >/dev/null 2>&1; then
+  COMMCAL_CMD=(commcal)
+elif [ -x "$SLURM_SUBMIT_DIR/.venv/bin/commcal" ]; then
+  COMMCAL_CMD=("$SLURM_SUBMIT_DIR/.venv/bin/commcal")
+  export PATH="$SLURM_SUBMIT_DIR/.venv/bin:$PATH"
+else
+  fail "no commcal command: activate the virtual environment before sbatch, or set COMMCAL" 2
+fi
+
+# --- the allocation ------------------------------------------------------------------------------
+cluster=${SLURM_CLUSTER_NAME:-$(hostname -s)}
+nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+ntasks=${SLURM_NTASKS:-}
+[ -n "$ntasks" ] || fail "SLURM_NTASKS is not set: give the job a task count (-n or --ntasks-per-node)" 2
+per_node=${SLURM_NTASKS_PER_NODE:-$(( ntasks / nodes ))}
+preset=${COMMCAL_PRESET:-full}
+backend=${COMMCAL_BACKEND:-mpi}
+case $preset in quick | full) ;; *) fail "COMMCAL_PRESET must be quick or full, not '$preset'" 2 ;; esac
+
+out_dir=${COMMCAL_OUT_DIR:-$SLURM_SUBMIT_DIR/commcal-out}
+run_name=${COMMCAL_RUN_NAME:-sweep-$cluster-${nodes}x${per_node}-$backend-$preset}
+run_dir=$out_dir/$run_name
+calibration=${COMMCAL_CALIBRATION:-$out_dir/$cluster-$(date +%Y-%m-%d).json}
+mkdir -p "$out_dir" "$(dirname "$calibration")"
+
+sweep_args=(sweep --out "$run_dir" --resume --backend "$backend")
+[ "$preset" = quick ] && sweep_args+=(--quick)
+[ -n "${COMMCAL_OPS:-}" ] && sweep_args+=(--ops "$COMMCAL_OPS")
+[ -n "${COMMCAL_SIZES:-}" ] && sweep_args+=(--sizes "$COMMCAL_SIZES")
+[ -n "${COMMCAL_PROCS:-}" ] && sweep_args+=(--procs "$COMMCAL_PROCS")
+[ -n "${COMMCAL_LINKS:-}" ] && sweep_args+=(--links "$COMMCAL_LINKS")
+[ -n "${COMMCAL_TARGET_CI:-}" ] && sweep_args+=(--target-ci "$COMMCAL_TARGET_CI")
+[ -n "${COMMCAL_POINT_BUDGET:-}" ] && sweep_args+=(--point-budget "$COMMCAL_POINT_BUDGET")
+if [ -n "${COMMCAL_SWEEP_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_SWEEP_ARGS"; sweep_args+=("${extra[@]}"); fi
+# The sweep itself checks that the MPI world is the Slurm task count; --expect-world makes the
+# check independent of the launcher (mpirun inside the allocation hides SLURM_STEP_NUM_TASKS).
+sweep_args+=(--expect-world "$ntasks")
+
+# Open MPI: never bind every "node"'s rank to the same core; yield when idle (shared cores).
+export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
+export PYTHONUNBUFFERED=1
+
+launcher=${COMMCAL_LAUNCHER:-srun}
+case $launcher in
+  srun) launch=(srun --mpi="${COMMCAL_SRUN_MPI:-pmix}" --ntasks="$ntasks" --kill-on-bad-exit=1) ;;
+  mpirun) launch=(mpirun -n "$ntasks" --bind-to none)
+          [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ;;
+  *) fail "COMMCAL_LAUNCHER must be srun or mpirun, not '$launcher'" 2 ;;
+esac
+
+say "job $SLURM_JOB_ID on $cluster: $nodes node(s) (${SLURM_JOB_NODELIST:-?}), $ntasks tasks, preset $preset, backend $backend"
+say "run directory $run_dir"
+say "calibration   $calibration"
+
+# --- 1. sweep --------------------------------------------------------------------------------------
+say "step 1/3: ${launch[*]} ${COMMCAL_CMD[*]} ${sweep_args[*]}"
+set +e
+"${launch[@]}" "${COMMCAL_CMD[@]}" "${sweep_args[@]}"
+rc=$?
+set -e
+case $rc in
+  0) ;;
+  2) fail "sweep refused to run (exit 2: usage, or the MPI world is not the $ntasks Slurm tasks; see above)" 2 ;;
+  *) fail "sweep exited $rc (wrong results or a crash; finished points are kept in $run_dir: resubmit to resume)" "$rc" ;;
+esac
+[ -f "$run_dir/summary.csv" ] || fail "sweep wrote no $run_dir/summary.csv"
+
+# --- 2. fit ------------------------------------------------------------------------------------------
+say "step 2/3: ${COMMCAL_CMD[*]} fit $run_dir --out $calibration"
+"${COMMCAL_CMD[@]}" fit "$run_dir" --out "$calibration" || fail "commcal fit exited $?"
+[ -s "$calibration" ] || fail "commcal fit wrote no $calibration"
+
+# --- 3. report (when the installed commcal has one) ------------------------------------------------
+report_dir=${calibration%.json}-report
+if [ "${COMMCAL_REPORT:-auto}" != 0 ] && "${COMMCAL_CMD[@]}" report --help >/dev/null 2>&1; then
+  say "step 3/3: ${COMMCAL_CMD[*]} report --run $run_dir --calibration $calibration --out $report_dir"
+  "${COMMCAL_CMD[@]}" report --run "$run_dir" --calibration "$calibration" --out "$report_dir" \
+    || fail "commcal report exited $?"
+else
+  say "step 3/3: skipped (no 'commcal report' here, or COMMCAL_REPORT=0)"
+fi
+say "done: calibration $calibration"
