@@ -33,7 +33,7 @@ class PythonTimer:
 
     def run(self, op: Op, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int) -> np.ndarray:
         out = np.empty(iters)
-        barrier, wtime, call = comm.Barrier, MPI.Wtime, op.call
+        barrier, wtime, call = comm.Barrier, MPI.Wtime, op.invoke
         for i in range(iters):
             barrier()
             t0 = wtime()
@@ -99,7 +99,7 @@ class Measurement:
 
 def _count_wrong(op: Op, xp: Any, comm: MPI.Comm, lay: Layout, dtype: str) -> int:
     send, recv = op.fill(xp, lay, dtype, comm.rank, comm.size)
-    op.call(comm, send, recv)
+    op.invoke(comm, send, recv)
     want = op.expected(xp, lay, dtype, comm.rank, comm.size)
     if want is None:
         return 0

@@ -1,13 +1,14 @@
 """The registry: one definition per measured operation (size semantics, bus-bandwidth factor,
-buffers, expected results, how to call it). The driver owns all timing; nothing here times.
+buffer blocks, expected result, how to call it). The driver owns all timing; nothing here times.
 
-Pure at import: mpi4py is imported only inside `call`, so calib/analysis may read bus factors.
-Buffers come from an array module `xp` (numpy, or cupy for GPU backends)."""
+Pure at import: mpi4py is imported only when an operation is called, so calib and analysis may
+read bus factors. Buffers come from an array module `xp` (numpy, or cupy for GPU backends).
+Send buffers hold small integers so that float sums are exact and results compare elementwise."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +24,7 @@ class Layout:
     size_bytes: int      # the nccl-tests "size" actually measured
     send_count: int
     recv_count: int
-    block: int           # per-rank block (allgather/reduce_scatter/alltoall); = send_count otherwise
+    block: int           # elements per rank's block; = send_count for unblocked operations
     itemsize: int
 
     @property
@@ -31,15 +32,34 @@ class Layout:
         return (self.send_count + self.recv_count) * self.itemsize
 
 
+def pattern(xp: Any, rank: int, count: int, dtype: str):
+    """Rank r's send data: (i mod 7) + r + 1."""
+    return ((xp.arange(count) % 7) + rank + 1).astype(dtype)
+
+
+def sum_pattern(xp: Any, procs: int, count: int, dtype: str):
+    """The elementwise sum of every rank's pattern."""
+    return ((xp.arange(count) % 7) * procs + procs * (procs + 1) // 2).astype(dtype)
+
+
+def _alltoall_send(xp: Any, rank: int, count: int, block: int, procs: int, dtype: str):
+    """Block j of rank r carries r's pattern plus 8j, so a receiver can tell every block's origin."""
+    return (pattern(xp, rank, count, dtype) + 8 * xp.repeat(xp.arange(procs), block)).astype(dtype)
+
+
 @dataclass(frozen=True)
 class Op:
     name: str
-    kind: str                                  # "collective", "p2p" or "compute"
-    size_meaning: str                          # what size_bytes is, per the nccl-tests conventions
-    bus_factor: Callable[[int], float]         # busbw = algbw * bus_factor(p)
-    blocked: bool = False                      # size is split into p per-rank blocks
-    recv_scale: Callable[[int], int] = field(default=lambda p: 1)  # recv elements per send element
-    c_code: int = -1                           # index in timeloop.c's switch; -1: Python only
+    kind: str                                   # "collective", "p2p" or "compute"
+    size_meaning: str                           # what size_bytes is (nccl-tests conventions)
+    bus_factor: Callable[[int], float]          # busbw = algbw * bus_factor(p)
+    call: Callable[..., None] | None = None     # call(comm, send, recv, MPI): one invocation via mpi4py
+    expected: Callable[..., Any] | None = None  # expected(xp, lay, dtype, rank, p) -> result or None
+    send_blocks: bool = False                   # send buffer holds p per-rank blocks
+    recv_blocks: bool = False                   # receive buffer holds p per-rank blocks
+    c_code: int = -1                            # case in timeloop.c; -1: no compiled path
+    result_in_send: bool = False                # result lands in the send buffer (bcast)
+    send: Callable[..., Any] = lambda xp, rank, count, block, procs, dtype: pattern(xp, rank, count, dtype)
 
     def layout(self, requested_bytes: int, procs: int, itemsize: int) -> Layout:
         """Round the element count so every rank's block is whole (at least one element per block)."""
@@ -47,109 +67,84 @@ class Op:
             n = max(1, math.isqrt(max(1, requested_bytes // itemsize)))
             return Layout(requested_bytes, n * n * itemsize, n * n, n * n, n, itemsize)
         elements = max(1, requested_bytes // itemsize)
-        if self.blocked:
-            block = max(1, elements // procs)
-            total = block * procs
-            if self.name == "allgather":
-                return Layout(requested_bytes, total * itemsize, block, total, block, itemsize)
-            if self.name == "reduce_scatter":
-                return Layout(requested_bytes, total * itemsize, total, block, block, itemsize)
-            return Layout(requested_bytes, total * itemsize, total, total, block, itemsize)
-        return Layout(requested_bytes, elements * itemsize, elements, elements, elements, itemsize)
+        if not (self.send_blocks or self.recv_blocks):
+            return Layout(requested_bytes, elements * itemsize, elements, elements, elements, itemsize)
+        block = max(1, elements // procs)
+        send = block * procs if self.send_blocks else block
+        recv = block * procs if self.recv_blocks else block
+        return Layout(requested_bytes, block * procs * itemsize, send, recv, block, itemsize)
 
     def bytes_per_rank(self, size_bytes: int, procs: int) -> float:
+        """What an optimal algorithm sends per rank: size * bus factor."""
         return size_bytes * self.bus_factor(procs)
 
     def fill(self, xp: Any, lay: Layout, dtype: str, rank: int, procs: int):
-        """Send and receive buffers; send holds small integers so float sums are exact."""
-        send = _pattern(xp, rank, lay.send_count, dtype)
-        if self.name == "alltoall":
-            # block j carries (rank, j) so each receiver can check where every block came from
-            j = xp.repeat(xp.arange(procs, dtype=dtype), lay.block)
-            send = (send + 8 * j).astype(dtype)
-        if self.name == "bcast" and rank != 0:
-            send = xp.zeros(lay.send_count, dtype=dtype)
-        recv = xp.zeros(lay.recv_count, dtype=dtype)
-        return send, recv
-
-    def expected(self, xp: Any, lay: Layout, dtype: str, rank: int, procs: int):
-        """What this rank's result buffer must hold after one call; None where the rank holds no result."""
-        if self.name == "allreduce" or (self.name == "reduce" and rank == 0):
-            return _sum_pattern(xp, procs, lay.send_count, dtype)
-        if self.name == "reduce":
-            return None
-        if self.name == "allgather":
-            return xp.concatenate([_pattern(xp, r, lay.block, dtype) for r in range(procs)])
-        if self.name == "reduce_scatter":
-            total = _sum_pattern(xp, procs, lay.send_count, dtype)
-            return total[rank * lay.block:(rank + 1) * lay.block]
-        if self.name == "alltoall":
-            blocks = [(_pattern(xp, r, lay.send_count, dtype)[rank * lay.block:(rank + 1) * lay.block] + 8 * rank)
-                      for r in range(procs)]
-            return xp.concatenate(blocks).astype(dtype)
-        if self.name == "bcast":
-            return _pattern(xp, 0, lay.send_count, dtype)
-        if self.name in ("pingpong", "sendrecv"):
-            return _pattern(xp, 1 - rank, lay.send_count, dtype)
-        raise AssertionError(self.name)
+        """Fresh send and receive buffers for this rank."""
+        return (self.send(xp, rank, lay.send_count, lay.block, procs, dtype),
+                xp.zeros(lay.recv_count, dtype=dtype))
 
     def result(self, send, recv):
-        """The buffer `expected` describes (bcast works in place on the send buffer)."""
-        return send if self.name == "bcast" else recv
+        """The buffer that `expected` describes."""
+        return send if self.result_in_send else recv
 
-    def call(self, comm: Any, send, recv) -> None:
-        """One untimed-by-us invocation through mpi4py (the Python timing path and check iterations)."""
+    def invoke(self, comm: Any, send, recv) -> None:
         from mpi4py import MPI
 
-        n = self.name
-        if n == "allreduce":
-            comm.Allreduce(send, recv, op=MPI.SUM)
-        elif n == "allgather":
-            comm.Allgather(send, recv)
-        elif n == "reduce_scatter":
-            comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
-        elif n == "alltoall":
-            comm.Alltoall(send, recv)
-        elif n == "bcast":
-            comm.Bcast(send, root=0)
-        elif n == "reduce":
-            comm.Reduce(send, recv, op=MPI.SUM, root=0)
-        elif n == "pingpong":
-            if comm.rank == 0:
-                comm.Send(send, dest=1, tag=7)
-                comm.Recv(recv, source=1, tag=7)
-            else:
-                comm.Recv(recv, source=0, tag=7)
-                comm.Send(send, dest=0, tag=7)
-        elif n == "sendrecv":
-            peer = 1 - comm.rank
-            comm.Sendrecv(send, dest=peer, sendtag=9, recvbuf=recv, source=peer, recvtag=9)
-        else:
-            raise AssertionError(n)
+        self.call(comm, send, recv, MPI)
 
 
-def _pattern(xp: Any, rank: int, count: int, dtype: str):
-    return ((xp.arange(count) % 7) + rank + 1).astype(dtype)
+def _pingpong(comm, send, recv, MPI) -> None:
+    if comm.rank == 0:
+        comm.Send(send, dest=1, tag=7)
+        comm.Recv(recv, source=1, tag=7)
+    else:
+        comm.Recv(recv, source=0, tag=7)
+        comm.Send(send, dest=0, tag=7)
 
 
-def _sum_pattern(xp: Any, procs: int, count: int, dtype: str):
-    return ((xp.arange(count) % 7) * procs + procs * (procs + 1) // 2).astype(dtype)
+def _sendrecv(comm, send, recv, MPI) -> None:
+    peer = 1 - comm.rank
+    comm.Sendrecv(send, dest=peer, sendtag=9, recvbuf=recv, source=peer, recvtag=9)
 
 
 def _ring(p: int) -> float:
     return (p - 1) / p
 
 
+def _one(p: int) -> float:
+    return 1.0
+
+
 OPS: dict[str, Op] = {op.name: op for op in (
-    Op("allreduce", "collective", "whole buffer on every rank", lambda p: 2 * (p - 1) / p, c_code=0),
-    Op("allgather", "collective", "whole gathered (receive) buffer", _ring, blocked=True, c_code=1),
-    Op("reduce_scatter", "collective", "whole send buffer (p blocks)", _ring, blocked=True, c_code=2),
-    Op("alltoall", "collective", "whole send buffer (p blocks)", _ring, blocked=True, c_code=3),
-    Op("bcast", "collective", "whole buffer (root 0)", lambda p: 1.0, c_code=4),
-    Op("reduce", "collective", "whole buffer (root 0)", lambda p: 1.0, c_code=5),
-    Op("pingpong", "p2p", "message; time is half the round trip", lambda p: 1.0, c_code=6),
-    Op("sendrecv", "p2p", "message in each direction, both ranks at once", lambda p: 1.0, c_code=7),
-    Op("gemm", "compute", "one square operand (n x n); rate = 2 n^3 / time", lambda p: 1.0),
+    Op("allreduce", "collective", "whole buffer on every rank", lambda p: 2 * (p - 1) / p,
+       call=lambda c, s, r, MPI: c.Allreduce(s, r, op=MPI.SUM),
+       expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt), c_code=0),
+    Op("allgather", "collective", "whole gathered (receive) buffer", _ring,
+       call=lambda c, s, r, MPI: c.Allgather(s, r),
+       expected=lambda xp, lay, dt, rank, p: xp.concatenate([pattern(xp, q, lay.block, dt) for q in range(p)]),
+       recv_blocks=True, c_code=1),
+    Op("reduce_scatter", "collective", "whole send buffer (p blocks)", _ring,
+       call=lambda c, s, r, MPI: c.Reduce_scatter_block(s, r, op=MPI.SUM),
+       expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt)[rank * lay.block:(rank + 1) * lay.block],
+       send_blocks=True, c_code=2),
+    Op("alltoall", "collective", "whole send buffer (p blocks)", _ring,
+       call=lambda c, s, r, MPI: c.Alltoall(s, r),
+       expected=lambda xp, lay, dt, rank, p: xp.concatenate(
+           [_alltoall_send(xp, q, lay.send_count, lay.block, p, dt)[rank * lay.block:(rank + 1) * lay.block] for q in range(p)]),
+       send=_alltoall_send, send_blocks=True, recv_blocks=True, c_code=3),
+    Op("bcast", "collective", "whole buffer (root 0)", _one,
+       call=lambda c, s, r, MPI: c.Bcast(s, root=0),
+       expected=lambda xp, lay, dt, rank, p: pattern(xp, 0, lay.send_count, dt),
+       send=lambda xp, rank, count, block, p, dt: pattern(xp, 0, count, dt) if rank == 0 else xp.zeros(count, dtype=dt),
+       result_in_send=True, c_code=4),
+    Op("reduce", "collective", "whole buffer (root 0)", _one,
+       call=lambda c, s, r, MPI: c.Reduce(s, r, op=MPI.SUM, root=0),
+       expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt) if rank == 0 else None, c_code=5),
+    Op("pingpong", "p2p", "message; time is half the round trip", _one, call=_pingpong,
+       expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=6),
+    Op("sendrecv", "p2p", "message in each direction, both ranks at once", _one, call=_sendrecv,
+       expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=7),
+    Op("gemm", "compute", "one square operand (n x n); rate = 2 n^3 / time", _one),
 )}
 
 COMM_DTYPE = "float32"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 
+@lru_cache(maxsize=4096)
 def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
     """0-based order-statistic indices (lo, hi) bracketing the median with at least `confidence`
     coverage, from the exact Binomial(n, 1/2) distribution; None if n is too small for any interval."""
@@ -88,5 +90,5 @@ class StopRule:
             want = max(have // 2, 8)
         if per_iter_s > 0:
             remaining = max(self.budget_s - elapsed_s, 0.0)
-            want = min(want, max(1, int(remaining / per_iter_s)))
+            want = min(want, max(1, int(remaining / per_iter_s + 1e-6)))
         return max(1, min(want, self.max_samples - have, 100_000))

@@ -77,11 +77,11 @@ def check_memory(points: list[PlannedPoint], per_rank_bytes: int) -> None:
     expected copy) cannot fit in this rank's share of the node's available memory."""
     for pt in points:
         need = pt.layout.buffer_bytes + pt.layout.recv_count * pt.layout.itemsize
-        if pt.layout.send_count >= 2**31 or pt.layout.recv_count >= 2**31:
-            raise UsageError(f"size {format_size(pt.layout.size_bytes)} for {pt.op.name} exceeds MPI's 2^31-element count")
         if need > per_rank_bytes:
             raise UsageError(f"size {format_size(pt.key.requested_bytes)} for {pt.op.name} needs {format_size(need)}B "
                              f"per rank but only {format_size(per_rank_bytes)}B is available per rank")
+        if max(pt.layout.send_count, pt.layout.recv_count) >= 2**31:
+            raise UsageError(f"size {format_size(pt.layout.size_bytes)} for {pt.op.name} exceeds MPI's 2^31-element count")
 
 
 def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, rule: StopRule, timing_path: str) -> PointSummary:

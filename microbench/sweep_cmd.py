@@ -53,8 +53,10 @@ def build_config(args: argparse.Namespace, world_size: int):
                     budget_s=pick("point_budget", 1.0))
     if not 0 < rule.target_ci < 1:
         raise UsageError(f"--target-ci must be between 0 and 1, not {rule.target_ci}")
-    if rule.budget_s <= 0 or rule.min_samples < 1:
-        raise UsageError("--point-budget and --min-samples must be positive")
+    if rule.budget_s <= 0:
+        raise UsageError("--point-budget must be positive")
+    if rule.min_samples < 6:
+        raise UsageError("--min-samples must be at least 6, the fewest samples that give a 95% CI of the median")
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend,

@@ -41,8 +41,8 @@ def commcal_argv() -> list[str]:
 
 def run_mpi(n: int, args: list[str], timeout: float = 300, check: bool = False, **kw) -> subprocess.CompletedProcess:
     """Run `commcal ARGS` on n real MPI ranks."""
-    proc = subprocess.run([*mpiexec_argv(n), *commcal_argv(), *args], env=mpi_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, **kw)
+    proc = subprocess.run([*mpiexec_argv(n), *commcal_argv(), *args], env=kw.pop("env", None) or mpi_env(),
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
@@ -50,5 +50,5 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, check: bool = False, 
 
 def run_cli(args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run `commcal ARGS` as one plain process."""
-    return subprocess.run([*commcal_argv(), *args], env=mpi_env(), cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, **kw)
+    return subprocess.run([*commcal_argv(), *args], env=kw.pop("env", None) or mpi_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, **kw)

@@ -1,0 +1,175 @@
+"""Pure parts of the measurement engine: sizes, the median CI and stopping rule, bus factors,
+layouts, and link-class groups. No MPI needed."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from microbench.errors import UsageError
+from microbench.ops import OPS, itemsize, parse_ops
+from microbench.sizes import format_size, parse_size, parse_sizes
+from microbench.stats import StopRule, estimate, median_ci_ranks
+from microbench.topology import default_procs, group_for, parse_links, parse_procs
+
+
+@pytest.mark.parametrize("text,want", [("8", 8), ("1K", 1024), ("64M", 64 << 20), ("2G", 2 << 30), ("3m", 3 << 20),
+                                       ("1.5K", 1536), ("4KiB", 4096), ("16B", 16)])
+def test_parse_size(text, want):
+    assert parse_size(text) == want
+
+
+def test_parse_size_range_is_powers_of_two():
+    assert parse_sizes("8:64M") == [2**k for k in range(3, 27)]
+    assert parse_sizes("5:40") == [8, 16, 32]
+    assert parse_sizes("8,1K,3M,1K") == [8, 1024, 3 << 20]
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "8:", ":8", "1:2:3", "64M:8", "0", "-4", "1.3", "8,,x", "9:15"])
+def test_malformed_sizes_raise(bad):
+    with pytest.raises(UsageError):
+        parse_sizes(bad)
+
+
+def test_format_size_round_trips_binary_units():
+    for n in (8, 1024, 3 << 20, 64 << 20, 2 << 30):
+        assert parse_size(format_size(n)) == n
+
+
+@pytest.mark.parametrize("n,lo,hi", [(6, 1, 6), (10, 2, 9), (20, 6, 15), (100, 40, 61)])
+def test_median_ci_ranks_match_binomial_tables(n, lo, hi):
+    # 1-based order statistics of the distribution-free 95% CI of the median
+    assert median_ci_ranks(n) == (lo - 1, hi - 1)
+
+
+def test_median_ci_ranks_too_few_samples():
+    assert median_ci_ranks(5) is None
+
+
+@pytest.mark.parametrize("dist,true_median", [
+    (lambda rng, n: rng.lognormal(mean=np.log(3e-6), sigma=0.5, size=n), 3e-6),
+    (lambda rng, n: 1e-5 + rng.exponential(scale=2e-6, size=n), 1e-5 + 2e-6 * np.log(2)),
+    (lambda rng, n: rng.uniform(1.0, 3.0, size=n), 2.0),
+])
+def test_median_ci_covers_known_median_at_least_95_percent(dist, true_median):
+    rng = np.random.default_rng(42)
+    trials, hits = 2000, 0
+    for _ in range(trials):
+        est = estimate(dist(rng, 37))
+        hits += est.ci_low <= true_median <= est.ci_high
+    assert hits / trials >= 0.94
+    assert hits / trials <= 0.995   # exact order-statistic interval: not absurdly wide either
+
+
+def test_stopping_rule_meets_target_on_tight_distribution():
+    rng = np.random.default_rng(1)
+    rule = StopRule(target_ci=0.02, min_samples=10, budget_s=100.0)
+    samples = np.empty(0)
+    while True:
+        n = rule.next_batch(len(samples), 1e-6, 0.0)
+        samples = np.append(samples, 5e-6 * (1 + 0.05 * rng.standard_normal(n)))
+        est = estimate(samples)
+        if rule.done(est, 0.0):
+            break
+    assert est.within(0.02)
+    assert abs(est.median - 5e-6) / 5e-6 < 0.02
+    assert len(samples) >= 10
+
+
+def test_stopping_rule_budget_and_hard_cap():
+    rule = StopRule(target_ci=0.001, min_samples=10, budget_s=1.0)
+    wide = estimate(np.random.default_rng(2).lognormal(0, 2, size=50))
+    assert not wide.within(0.001)
+    assert not rule.done(wide, 0.5)            # budget left, target missed: keep going
+    assert rule.done(wide, 1.0)                # budget spent with enough samples
+    few = estimate(np.array([1.0, 2.0, 3.0]))
+    assert not rule.done(few, 2.0)             # budget spent but fewer than min_samples
+    assert rule.done(few, 4.0)                 # past 4x the budget: stop regardless
+
+
+def test_next_batch_respects_remaining_budget():
+    rule = StopRule(min_samples=10, budget_s=1.0)
+    assert rule.next_batch(0, 0.0, 0.0) == 10
+    assert rule.next_batch(100, 0.01, 0.5) == 50
+    assert rule.next_batch(100, 0.01, 0.8) == 20
+    assert rule.next_batch(100, 1.0, 2.0) == 1
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 64])
+def test_bus_factors_follow_nccl_tests(p):
+    assert OPS["allreduce"].bus_factor(p) == pytest.approx(2 * (p - 1) / p)
+    for name in ("allgather", "reduce_scatter", "alltoall"):
+        assert OPS[name].bus_factor(p) == pytest.approx((p - 1) / p)
+    for name in ("bcast", "reduce", "pingpong", "sendrecv"):
+        assert OPS[name].bus_factor(p) == 1.0
+
+
+def test_layouts_keep_whole_blocks_and_nccl_size_meaning():
+    f4 = itemsize("float32")
+    ag = OPS["allgather"].layout(1000, 4, f4)
+    assert (ag.send_count, ag.recv_count, ag.size_bytes) == (62, 248, 992)
+    rs = OPS["reduce_scatter"].layout(1000, 4, f4)
+    assert (rs.send_count, rs.recv_count, rs.size_bytes) == (248, 62, 992)
+    a2a = OPS["alltoall"].layout(8, 4, f4)          # too small to split: one element per block
+    assert (a2a.send_count, a2a.recv_count, a2a.size_bytes) == (4, 4, 16)
+    ar = OPS["allreduce"].layout(64 << 20, 8, f4)
+    assert ar.size_bytes == 64 << 20 and ar.send_count == 16 << 20
+    assert OPS["allreduce"].bytes_per_rank(ar.size_bytes, 8) == pytest.approx(2 * 7 / 8 * (64 << 20))
+
+
+def test_expected_results_are_consistent_across_ranks():
+    """Simulate each collective with numpy from every rank's send buffer; it must equal `expected`."""
+    p, lay = 4, OPS["alltoall"].layout(64, 4, 4)
+    sends = [OPS["alltoall"].fill(np, lay, "float32", r, p)[0] for r in range(p)]
+    for r in range(p):
+        got = np.concatenate([sends[q][r * lay.block:(r + 1) * lay.block] for q in range(p)])
+        assert np.array_equal(got, OPS["alltoall"].expected(np, lay, "float32", r, p))
+    lay = OPS["reduce_scatter"].layout(64, 4, 4)
+    total = sum(OPS["reduce_scatter"].fill(np, lay, "float32", r, p)[0] for r in range(p))
+    for r in range(p):
+        assert np.array_equal(total[r * lay.block:(r + 1) * lay.block],
+                              OPS["reduce_scatter"].expected(np, lay, "float32", r, p))
+
+
+def test_parse_ops():
+    assert [op.name for op in parse_ops("pingpong,allreduce")] == ["allreduce", "pingpong"]
+    assert len(parse_ops(None)) == len(OPS)
+    with pytest.raises(UsageError, match="unknown operation"):
+        parse_ops("allreduce,bogus")
+
+
+def test_link_groups_from_hosts():
+    hosts = ["a", "a", "b", "b"]                     # 2 nodes x 2 ranks, block layout
+    assert group_for("intra", 2, hosts).ranks == (0, 1)
+    assert group_for("intra", 4, hosts) is None
+    inter = group_for("inter", 2, hosts)
+    assert inter.ranks == (0, 2) and (inter.nodes, inter.ranks_per_node) == (2, 1)
+    spread = group_for("spread", 4, hosts)
+    assert spread.ranks == (0, 1, 2, 3) and (spread.nodes, spread.ranks_per_node) == (2, 2)
+    assert group_for("spread", 2, hosts) is None
+    cyclic = ["a", "b", "a", "b"]                    # round-robin layout
+    assert group_for("intra", 2, cyclic).ranks == (0, 2)
+    assert group_for("inter", 2, cyclic).ranks == (0, 1)
+    assert group_for("inter", 2, ["a", "a"]) is None
+
+
+def test_process_counts_and_links():
+    assert default_procs(8) == [2, 4, 8]
+    assert default_procs(6) == [2, 4, 6]
+    assert parse_procs("4,2", 4) == [2, 4]
+    with pytest.raises(UsageError, match="larger than the world"):
+        parse_procs("2,8", 4)
+    with pytest.raises(UsageError):
+        parse_procs("2,x", 4)
+    assert parse_links("inter,intra") == ["intra", "inter"]
+    with pytest.raises(UsageError):
+        parse_links("intra,wan")
+
+
+def test_pure_modules_do_not_import_mpi4py_or_cupy():
+    code = ("import sys; import microbench.ops, microbench.records, microbench.stats, microbench.sizes, "
+            "microbench.topology, microbench.store, microbench.cli; "
+            "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

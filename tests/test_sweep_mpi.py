@@ -1,0 +1,139 @@
+"""`commcal sweep` on real mpirun jobs: correct results, the expected records, resume after a
+SIGKILL, and one-line errors with exit code 2 for bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, commcal_argv, mpi_env, mpiexec_argv, run_cli, run_mpi
+from microbench.ops import OPS
+from microbench.records import SAMPLE_COLUMNS, SUMMARY_COLUMNS, load_samples, load_summary, read_run_json
+
+pytestmark = pytest.mark.mpi
+FAST = ["--point-budget", "0.05", "--min-samples", "6", "--target-ci", "0.5"]
+SIZES = "8,1000,64K"
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
+    out = tmp_path / "run"
+    proc = run_mpi(ranks, ["sweep", "--out", str(out), "--sizes", SIZES, "--gemm-sizes", "4K", *FAST], check=True)
+    summary = load_summary(out)
+    assert list(summary.columns) == list(SUMMARY_COLUMNS)
+    assert (summary["wrong"] == 0).all()
+    procs = [2, 4] if ranks == 4 else [2]
+    expected = {(op, "intra", p, s) for op in OPS if OPS[op].kind == "collective" for p in procs
+                for s in (8, 1000, 65536)}
+    expected |= {(op, "intra", 2, s) for op in ("pingpong", "sendrecv") for s in (8, 1000, 65536)}
+    expected |= {("gemm", "intra", 1, 4096)}
+    got = set(zip(summary.op, summary.link, summary.procs, summary.requested_bytes))
+    assert got == expected
+    assert summary.point_id.is_unique
+    assert (summary.samples >= 6).all()
+    assert (summary.ci_low_s <= summary.median_s).all() and (summary.median_s <= summary.ci_high_s).all()
+    assert (summary.min_s <= summary.median_s).all() and (summary.median_s <= summary.p95_s).all()
+    comm = summary[summary.op != "gemm"]
+    assert (comm.nodes == 1).all() and (comm.ranks_per_node == comm.procs).all()
+    row = comm[(comm.op == "allreduce") & (comm.procs == 2) & (comm.requested_bytes == 65536)].iloc[0]
+    assert row.busbw_Bps == pytest.approx(row.size_bytes / row.median_s * 1.0)
+    assert row.bytes_per_rank == pytest.approx(65536.0)
+    ag = comm[(comm.op == "allgather") & (comm.procs == procs[-1]) & (comm.requested_bytes == 1000)].iloc[0]
+    assert ag.size_bytes == (1000 // 4 // procs[-1]) * procs[-1] * 4
+    gemm = summary[summary.op == "gemm"]
+    assert set(gemm.dtype) == {"float32", "float64"} and (gemm.flops_per_s > 0).all()
+    samples = load_samples(out)
+    assert list(samples.columns) == list(SAMPLE_COLUMNS)
+    counts = samples.groupby("point_id").size()
+    assert counts.reindex(summary.point_id).tolist() == summary.samples.tolist()
+    assert (samples.time_s > 0).all()
+    pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv")[["point_id", "samples"]],
+                                  summary[["point_id", "samples"]])
+    meta = read_run_json(out)
+    assert meta["world_size"] == ranks and meta["timing_path"] in ("c", "python")
+    assert meta["end_time"] and meta["mpi_library_version"] and meta["versions"]["mpi4py"]
+    assert meta["page_policy"] == "nohugepage"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" in meta["environment"]
+    assert "allreduce" in proc.stdout and "done" in proc.stdout
+
+
+def test_python_timing_path_is_recorded(tmp_path):
+    out = tmp_path / "run"
+    run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8", "--timing", "python", *FAST],
+            check=True)
+    assert read_run_json(out)["timing_path"] == "python"
+    assert set(load_summary(out).timing_path) == {"python"}
+
+
+def test_killed_rank_then_resume_measures_each_point_once(tmp_path):
+    out = tmp_path / "run"
+    args = ["sweep", "--out", str(out), "--ops", "allreduce,bcast,alltoall", "--sizes", "8:4K",
+            "--point-budget", "0.15", "--min-samples", "6", "--target-ci", "0.001"]
+    job = subprocess.Popen([*mpiexec_argv(2), *commcal_argv(), *args], env=mpi_env(), cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(list((out / "points").glob("*.json"))) < 4:
+        assert time.monotonic() < deadline and job.poll() is None, "sweep ended before it could be killed"
+        time.sleep(0.1)
+    ranks = subprocess.run(["pgrep", "-f", "-s", str(job.pid), "microbench.cli sweep"], capture_output=True,
+                           text=True).stdout.split()
+    assert ranks, "no rank process found"
+    os.kill(int(ranks[-1]), signal.SIGKILL)
+    job.communicate(timeout=120)
+    assert job.returncode != 0
+    before = {f.name: f.stat().st_mtime_ns for f in (out / "points").glob("*.json")}
+    assert 4 <= len(before) < 3 * 10
+    assert not (out / "summary.parquet").exists()
+    run_mpi(2, [*args, "--resume"], check=True)
+    after = {f.name: f.stat().st_mtime_ns for f in (out / "points").glob("*.json")}
+    assert all(after[name] == mtime for name, mtime in before.items()), "a finished point was measured again"
+    summary = load_summary(out)
+    assert len(summary) == 3 * 10 and summary.point_id.is_unique
+    assert set(load_samples(out).point_id) == set(summary.point_id)
+    meta = read_run_json(out)
+    assert len(meta["resumed_at"]) == 1
+    assert set(summary.run_id) == {meta["run_id"]}
+    assert not list(out.glob("**/.*.tmp")), "half-written temporary files left behind"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ops", "allreduce,bogus"], "unknown operation 'bogus'"),
+    (["--sizes", "8:x"], "malformed size"),
+    (["--sizes", "64M:8"], "is empty"),
+    (["--procs", "2,4"], "larger than the world (2 ranks)"),
+    (["--sizes", "8T"], "available per rank"),
+    (["--links", "wan"], "unknown link class"),
+    (["--target-ci", "2"], "--target-ci"),
+    (["--min-samples", "3"], "at least 6"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "r"), *args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("commcal: error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r" / "points").exists() or not list((tmp_path / "r" / "points").iterdir())
+
+
+def test_existing_run_needs_resume(tmp_path):
+    out = tmp_path / "run"
+    run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8", *FAST], check=True)
+    before = (out / "summary.parquet").read_bytes()
+    proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8", *FAST])
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    assert (out / "summary.parquet").read_bytes() == before
+
+
+def test_world_size_not_matching_slurm_tasks_is_refused(tmp_path):
+    """A size-1 world where Slurm started 2 tasks: what Open MPI does under srun --mpi=pmi2."""
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("PRTE_", "PMIX_", "OMPI_COMM"))}
+    env.update(SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2", SLURM_PROCID="0")
+    proc = run_cli(["sweep", "--out", str(tmp_path / "r"), "--ops", "pingpong"], env=env)
+    assert proc.returncode == 2
+    assert "MPI world has 1 ranks but Slurm started 2 tasks" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
