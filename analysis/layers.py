@@ -4,7 +4,7 @@ axis splits); its stable id is the choices joined by "." plus "/ws" when weights
 
   Linear      Y[m,n] = X[m,k] W[k,n]; choices m (rows of X: data parallel), n (columns of W: Megatron
               column), k (the reduction dim: Megatron row; Y is a partial sum), - (replicated).
-  Attention   per-head attention core on QKV [batch*seq, heads*3*head_dim] -> [batch*seq, heads*head_dim]
+  Attention   per-head attention core (scores recomputed in backward, not stored) on QKV [batch*seq, heads*3*head_dim] -> [batch*seq, heads*head_dim]
               (per token the QKV columns are laid out head by head); choices b (sequences), h (heads), -.
   Elementwise activation on [rows, cols]; choices r, c (split rows or columns), -; never takes a partial sum.
   Embedding   table [vocab, dim], token ids -> [tokens, dim]; choices dar / dag (tokens split, gradient
@@ -216,7 +216,7 @@ class Attention(Layer):
                Compute("Y = A @ V", ((bh, S, S), (bh, S, d)), (bh, S, d), f))
         bwd = (Compute("dA = dY @ V.T; dV = A.T @ dY", ((bh, S, d), (bh, d, S)), (bh, S, S), 2 * f),
                Compute("dQ = dS @ K; dK = dS.T @ Q", ((bh, S, S), (bh, S, d)), (bh, S, d), 2 * f)) if need_dx else ()
-        mem = self.itemsize * (math.prod(xl) + math.prod(yl) + bh * S * S)
+        mem = self.itemsize * (math.prod(xl) + math.prod(yl))    # scores recomputed (flash-attention style)
         return Schedule(s, fwd, bwd, mem)
 
 

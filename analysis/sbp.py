@@ -11,20 +11,44 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from functools import lru_cache
 
 from microbench.errors import UsageError
 
 
-@dataclass(frozen=True, order=True)
 class Placement:
-    """kind: "S" split, "B" broadcast, "P" partial sum; dim: the split tensor dim (-1 otherwise)."""
+    """kind: "S" split, "B" broadcast, "P" partial sum; dim: the split tensor dim (-1 otherwise).
+    Immutable and interned (one object per value), so equality and hashing are by identity and fast."""
 
-    kind: str
-    dim: int = -1
+    __slots__ = ("kind", "dim")
+    _interned: dict = {}
+
+    def __new__(cls, kind: str, dim: int = -1):
+        key = (kind, int(dim) if kind == "S" else -1)
+        obj = cls._interned.get(key)
+        if obj is None:
+            if kind not in ("S", "B", "P") or (kind == "S" and key[1] < 0):
+                raise ValueError(f"bad placement {kind}({dim})")
+            obj = object.__new__(cls)
+            object.__setattr__(obj, "kind", key[0])
+            object.__setattr__(obj, "dim", key[1])
+            cls._interned[key] = obj
+        return obj
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Placement is immutable")
+
+    def __reduce__(self):
+        return (Placement, (self.kind, self.dim))
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def __str__(self) -> str:
         return f"S({self.dim})" if self.kind == "S" else self.kind
+
+    def __lt__(self, other: "Placement") -> bool:
+        return (self.kind, self.dim) < (other.kind, other.dim)
 
     @property
     def is_split(self) -> bool:
@@ -68,9 +92,10 @@ def parse_signature(text: str) -> Signature:
 
 def splitters(sig: Signature, dim: int) -> list[int]:
     """Mesh axes that split tensor dim `dim`, in ascending order."""
-    return [a for a, p in enumerate(sig) if p == Split(dim)]
+    return [a for a, p in enumerate(sig) if p.dim == dim]
 
 
+@lru_cache(maxsize=1 << 16)
 def split_factors(sig: Signature, mesh_shape: tuple[int, ...], ndim: int) -> tuple[int, ...]:
     """How many blocks each tensor dim is cut into."""
     return tuple(math.prod(mesh_shape[a] for a in splitters(sig, d)) for d in range(ndim))
@@ -81,6 +106,7 @@ def fraction(sig: Signature, mesh_shape: tuple[int, ...]) -> float:
     return 1.0 / math.prod(n for n, p in zip(mesh_shape, sig) if p.is_split)
 
 
+@lru_cache(maxsize=1 << 16)
 def indivisible(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, ...]) -> str | None:
     """Why `sig` cannot shard `shape` evenly, or None."""
     for d, f in enumerate(split_factors(sig, mesh_shape, len(shape))):
@@ -92,6 +118,7 @@ def indivisible(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, .
     return None
 
 
+@lru_cache(maxsize=1 << 16)
 def local_shape(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(n // f for n, f in zip(shape, split_factors(sig, mesh_shape, len(shape))))
 

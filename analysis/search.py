@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analysis.layers import Layer, Schedule, Strategy
+from analysis.mesh import Mesh
 from analysis.models import Model
 from analysis.pricing import Pricer
 from analysis.redistribute import plan
@@ -49,6 +50,7 @@ class Tables:
     """Everything the chain search needs: per-layer options, transition matrices and the end boundary."""
 
     model: Model
+    mesh: Mesh
     options: list[LayerOptions]
     transitions: list[np.ndarray]       # [i]: (S_i, S_{i+1}) seconds between layer i and i+1
     final: np.ndarray                   # (S_last,) seconds to resolve the output and its gradient
@@ -108,7 +110,7 @@ class Tabulator:
     def tables(self, model: Model) -> Tables:
         options = [self.options(layer, i > 0) for i, layer in enumerate(model.layers)]
         transitions = [self.transition(a, b) for a, b in zip(options, options[1:])]
-        return Tables(model, options, transitions, self.final(options[-1]))
+        return Tables(model, self.pricer.mesh, options, transitions, self.final(options[-1]))
 
 
 def chain_cost(t: Tables, choice: np.ndarray, lam: float = 0.0) -> float:
@@ -128,22 +130,33 @@ def evaluate_many(t: Tables, choices: np.ndarray) -> np.ndarray:
     return total
 
 
-def dp(t: Tables, lam: float = 0.0) -> tuple[np.ndarray, float]:
-    """The exact optimum of time + lam * memory over the chain (Viterbi)."""
-    node = lambda o: np.where(np.isfinite(o.time_s), o.time_s + lam * o.memory, np.inf)  # noqa: E731
-    best = node(t.options[0])
+def node_costs(t: Tables, lam: float) -> list[np.ndarray]:
+    """Each layer's per-strategy seconds + lam * memory (inf where infeasible)."""
+    return [np.where(np.isfinite(o.time_s), o.time_s + lam * np.where(np.isfinite(o.memory), o.memory, 0), np.inf)
+            for o in t.options]
+
+
+def _viterbi(nodes: list[np.ndarray], transitions: list[np.ndarray], enter: np.ndarray, leave: np.ndarray):
+    """Cheapest path through layers with node costs, transition matrices, and costs to enter and leave."""
+    best = enter + nodes[0]
     back = []
-    for m, o in zip(t.transitions, t.options[1:]):
+    for m, node in zip(transitions, nodes[1:]):
         total = best[:, None] + m
         arg = np.argmin(total, axis=0)
         back.append(arg)
-        best = total[arg, np.arange(total.shape[1])] + node(o)
-    best = best + t.final
+        best = total[arg, np.arange(total.shape[1])] + node
+    best = best + leave
     choice = [int(np.argmin(best))]
     value = float(best[choice[0]])
     for arg in reversed(back):
         choice.append(int(arg[choice[-1]]))
     return np.array(choice[::-1]), value
+
+
+def dp(t: Tables, lam: float = 0.0) -> tuple[np.ndarray, float]:
+    """The exact optimum of time + lam * memory over the chain (Viterbi over layers)."""
+    nodes = node_costs(t, lam)
+    return _viterbi(nodes, t.transitions, np.zeros_like(nodes[0]), t.final)
 
 
 def memory_of(t: Tables, choice: np.ndarray) -> float:
@@ -169,32 +182,34 @@ def optimum(t: Tables, cap: float | None = None) -> tuple[np.ndarray | None, flo
     return dp(t, hi)[0], hi
 
 
-def coordinate_descent(t: Tables, restarts: int = 8, seed: int = 0, lam: float = 0.0) -> np.ndarray:
-    """AutoDDL-style: from the per-layer best and random starts, set each layer to its best given its
-    neighbours until nothing changes; the best local optimum found."""
+def coordinate_descent(t: Tables, restarts: int = 8, seed: int = 0, lam: float = 0.0,
+                       window: int = 1) -> np.ndarray:
+    """AutoDDL-style coordinate descent: from the per-layer best and from random starts, set each layer
+    (window > 1: each run of `window` consecutive layers, exactly) to its best given its neighbours, until
+    a sweep changes nothing; the best local optimum found."""
     rng = np.random.default_rng(seed)
-    node = [np.where(np.isfinite(o.time_s), o.time_s + lam * o.memory, np.inf) for o in t.options]
-    n = len(node)
-    starts = [np.array([int(np.argmin(c)) for c in node])]
+    nodes = node_costs(t, lam)
+    n = len(nodes)
+    w = max(1, min(window, n))
+    starts = [np.array([int(np.argmin(c)) for c in nodes])]
     for _ in range(restarts):
-        starts.append(np.array([rng.choice(np.flatnonzero(np.isfinite(c))) for c in node]))
+        starts.append(np.array([rng.choice(np.flatnonzero(np.isfinite(c))) for c in nodes]))
     best, best_cost = None, math.inf
     for choice in starts:
-        changed = True
-        while changed:
-            changed = False
-            for i in range(n):
-                c = node[i].copy()
-                if i > 0:
-                    c += t.transitions[i - 1][choice[i - 1], :]
-                if i < n - 1:
-                    c += t.transitions[i][:, choice[i + 1]]
-                else:
-                    c += t.final
-                j = int(np.argmin(c))
-                if c[j] < c[choice[i]]:
-                    choice[i], changed = j, True
+        improved = True
+        while improved:
+            improved = False
+            for i in range(n - w + 1):
+                enter = t.transitions[i - 1][choice[i - 1], :] if i > 0 else np.zeros_like(nodes[i])
+                leave = t.transitions[i + w - 1][:, choice[i + w]] if i + w < n else t.final
+                part, value = _viterbi(nodes[i:i + w], t.transitions[i:i + w - 1], enter, leave)
+                now = choice[i:i + w]
+                current = (enter[now[0]] + sum(c[k] for c, k in zip(nodes[i:i + w], now)) + leave[now[-1]]
+                           + sum(m[a, b] for m, a, b in zip(t.transitions[i:i + w - 1], now, now[1:])))
+                if value < current * (1 - 1e-12):
+                    choice[i:i + w] = part
+                    improved = True
         cost = chain_cost(t, choice, lam)
         if cost < best_cost:
-            best, best_cost = choice.copy(), cost
+            best, best_cost = choice, cost
     return best

@@ -1,0 +1,98 @@
+"""`commcal search CAL --model SPEC --mesh 2x4 [--memory-cap 80G] [--top 5] [--json]`: the fastest SBP
+strategy per layer (exact by dynamic programming over the chain), its predicted time split into compute and
+communication per collective and link class, the runners-up, and how far coordinate descent lands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from analysis.mesh import parse_mesh
+from analysis.models import parse_model
+from analysis.pricing import Pricer
+from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
+from analysis.summary import summarize
+from microbench.errors import UsageError
+from microbench.ops import GEMM_DTYPES
+from microbench.sizes import parse_size
+
+
+def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mesh", required=True, help="device mesh axis sizes, e.g. 2x4 (nodes x ranks per node) or 2x2x2")
+    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
+    p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
+    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
+    p.add_argument("--model", required=True, help="preset or layer spec, e.g. gpt-8.3b, vgg13, "
+                   "transformer:d=8192,heads=64,layers=96, linear:m=4096,k=8192,n=8192")
+    add_mesh_arguments(p)
+    p.add_argument("--memory-cap", default=None, help="bytes per device, e.g. 80G (binary units)")
+    p.add_argument("--top", type=int, default=3, help="runners-up shown per layer")
+    p.add_argument("--restarts", type=int, default=8, help="coordinate-descent random restarts")
+    p.add_argument("--cd-window", type=int, default=2, help="layers coordinate descent re-optimises at once "
+                   "(1: AutoDDL's one layer at a time)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def fmt_s(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.4g} {unit}"
+    return f"{s * 1e9:.4g} ns"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.0f} B"
+
+
+def run(args: argparse.Namespace) -> int:
+    from calib.calibration import load_calibration
+
+    if args.top < 0 or args.restarts < 0 or args.cd_window < 1:
+        raise UsageError("--top and --restarts must be >= 0 and --cd-window >= 1")
+    mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
+    model = parse_model(args.model, args.dtype)
+    cap = parse_size(args.memory_cap) if args.memory_cap else None
+    pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype)
+    t0 = time.perf_counter()
+    tables = Tabulator(pricer).tables(model)
+    bad = [o.layer.name for o in tables.options if not (o.time_s < float("inf")).any()]
+    if bad:
+        reason = tables.options[[o.layer.name for o in tables.options].index(bad[0])].schedules[0].reason
+        raise UsageError(f"no strategy of layer {bad[0]} fits mesh {args.mesh}: {reason}")
+    choice, lam = optimum(tables, cap)
+    if choice is None:
+        raise UsageError(f"no strategy assignment fits the memory cap of {args.memory_cap} per device")
+    exact_s = time.perf_counter() - t0
+    cd = coordinate_descent(tables, args.restarts, lam=lam, window=args.cd_window)
+    out = summarize(tables, choice, pricer, args.top, cap)
+    cd_total = chain_cost(tables, cd)
+    out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
+               coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0})
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"model {args.model}: {len(model.layers)} layers on mesh {mesh}; calibration {args.calibration}")
+    print(f"predicted step time {fmt_s(out['total_s'])} = compute {fmt_s(out['compute_s'])} + communication "
+          f"{fmt_s(out['comm_s'])}")
+    for key, s in out["comm_by_collective"].items():
+        print(f"  {key:<24} {fmt_s(s)}")
+    capped = f" (cap {fmt_bytes(cap)})" if cap else ""
+    print(f"memory per device {fmt_bytes(out['memory_bytes'])}{capped}")
+    print(f"{'layer':<18} {'x':>4} {'strategy':<12} {'time':>10} {'comm':>10} {'compute':>10} {'memory':>11}  runners-up")
+    for row in out["layers"]:
+        ups = ", ".join(f"{r['strategy']} +{fmt_s(r['extra_s'])}" for r in row["runners_up"])
+        print(f"{row['layer']:<18} {row['count']:>4} {row['strategy']:<12} {fmt_s(row['time_s']):>10} "
+              f"{fmt_s(row['comm_s']):>10} {fmt_s(row['compute_s']):>10} {fmt_bytes(row['memory_bytes']):>11}  {ups}")
+    cdr = out["coordinate_descent"]
+    print(f"exact search {out['search_s']:.2f} s; coordinate descent ({args.restarts} restarts, window "
+          f"{args.cd_window}) "
+          f"{fmt_s(cdr['total_s'])}, {100 * cdr['gap']:.2f}% above the optimum")
+    return 0

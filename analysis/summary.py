@@ -1,0 +1,62 @@
+"""What a chosen assignment costs, as data for printing or JSON: the steps it runs (layer schedules,
+redistributions between layers, the output's resolution), time split into compute and communication per
+collective and link class, memory, and per-layer runners-up (the next best strategies with the others fixed)."""
+
+from __future__ import annotations
+
+import re
+import numpy as np
+
+from analysis.redistribute import plan
+from analysis.search import Tables, chain_cost, memory_of, node_costs, resolved
+
+
+def chain_steps(t: Tables, choice) -> list[tuple[str, tuple]]:
+    """(where, steps) in execution order: forward through the chain, then backward from the last layer."""
+    mesh, opts = t.mesh, t.options
+    sigs = [o.layer.sigs(o.strategies[c]) for o, c in zip(opts, choice)]
+    fwd, bwd = [], []
+    for i, (o, c, g) in enumerate(zip(opts, choice, sigs)):
+        shape, isz, name = o.layer.out_shape, o.layer.itemsize, o.layer.name
+        fwd.append((f"{name} forward", o.schedules[c].forward))
+        if i + 1 < len(opts):
+            nxt = opts[i + 1].layer.name
+            fwd.append((f"{name} -> {nxt}", plan(shape, isz, g.y, sigs[i + 1].x, mesh).steps))
+            grad_in = (f"{nxt} -> {name} gradient", plan(shape, isz, sigs[i + 1].dx, g.dy, mesh).steps)
+        else:
+            fwd.append(("output", plan(shape, isz, g.y, resolved(g.y), mesh).steps))
+            grad_in = ("output gradient", plan(shape, isz, resolved(g.y), g.dy, mesh).steps)
+        bwd = [grad_in, (f"{name} backward", o.schedules[c].backward)] + bwd
+    return fwd + bwd
+
+
+def pattern(name: str) -> str:
+    return re.sub(r"block\d+", "block*", name)
+
+
+def summarize(t: Tables, choice, pricer, top: int = 3, cap: float | None = None) -> dict:
+    opts = t.options
+    steps = [st for _, sts in chain_steps(t, choice) for st in sts]
+    breakdown = pricer.breakdown(steps)
+    compute = breakdown.pop("compute", 0.0)
+    nodes = node_costs(t, 0.0)
+    layers: dict[tuple[str, str], dict] = {}
+    for i, (o, c) in enumerate(zip(opts, choice)):
+        sid = o.strategies[c].id
+        key = (pattern(o.layer.name), sid)
+        if key in layers:
+            layers[key]["count"] += 1
+            continue
+        around = nodes[i].copy()
+        if i > 0:
+            around += t.transitions[i - 1][choice[i - 1], :]
+        around += t.transitions[i][:, choice[i + 1]] if i + 1 < len(opts) else t.final
+        order = [int(j) for j in np.argsort(around, kind="stable") if j != c and np.isfinite(around[j])][:top]
+        layers[key] = {"layer": key[0], "kind": type(o.layer).__name__, "count": 1, "strategy": sid,
+                       "time_s": float(o.time_s[c]), "comm_s": float(o.comm_s[c]), "compute_s": float(o.compute_s[c]),
+                       "memory_bytes": float(o.memory[c]),
+                       "runners_up": [{"strategy": o.strategies[j].id, "extra_s": float(around[j] - around[c])}
+                                      for j in order]}
+    return {"total_s": chain_cost(t, np.asarray(choice)), "compute_s": compute,
+            "comm_s": float(sum(breakdown.values())), "comm_by_collective": dict(sorted(breakdown.items())),
+            "memory_bytes": memory_of(t, choice), "memory_cap_bytes": cap, "layers": list(layers.values())}
