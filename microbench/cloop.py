@@ -29,20 +29,20 @@ def cache_dir() -> Path:
     return Path(base) / "commcal"
 
 
-def library_path(mpicc: str, mpi_version: str) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + mpicc.encode() + mpi_version.encode()).hexdigest()[:16]
-    return cache_dir() / f"timeloop-{key}.so"
+def library_path(mpicc: str, mpi_version: str, source: Path = SOURCE) -> Path:
+    key = hashlib.sha256(source.read_bytes() + mpicc.encode() + mpi_version.encode()).hexdigest()[:16]
+    return cache_dir() / f"{source.stem}-{key}.so"
 
 
-def build(mpicc: str, target: Path) -> str | None:
-    """Compile timeloop.c to `target` (atomically); returns an error message or None."""
+def build(mpicc: str, target: Path, source: Path = SOURCE) -> str | None:
+    """Compile `source` to the shared library `target` (atomically); returns an error message or None."""
     if target.is_file():
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([mpicc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+        proc = subprocess.run([mpicc, "-O2", "-shared", "-fPIC", "-o", tmp, str(source)],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             return f"{mpicc} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"

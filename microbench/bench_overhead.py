@@ -1,0 +1,95 @@
+"""Benchmark: how close commcal's reported medians come to a plain C loop timing the same calls.
+
+Run on 2 ranks: `mpirun -n 2 --oversubscribe --bind-to none python -m microbench.bench_overhead`.
+Each round measures, side by side in one job, ping-pong and allreduce with the sweep's own
+measuring function (compiled path and Python path) and with ref_loop.c; it prints per-round
+medians and the median ratio to the C reference (target: within 20% at 8 B, 2% at >= 64 KiB).
+It also compares 4 MiB ping-pong with and without huge pages for numpy buffers."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from microbench import cloop
+from microbench.driver import PythonTimer, make_timer, measure_collective
+from microbench.ops import COMM_DTYPE, OPS, itemsize
+from microbench.stats import StopRule, estimate
+from microbench.sweep_cmd import set_page_policy
+
+REF_SOURCE = Path(__file__).with_name("ref_loop.c")
+
+
+def load_reference(world: MPI.Comm):
+    path = None
+    if world.rank == 0:
+        mpicc = cloop.find_mpicc()
+        path = cloop.library_path(mpicc, MPI.Get_library_version(), REF_SOURCE)
+        err = cloop.build(mpicc, path, REF_SOURCE)
+        if err:
+            raise SystemExit(f"cannot build the reference loop: {err}")
+    path = world.bcast(path, root=0)
+    fn = ctypes.CDLL(str(path)).ref_time
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+    return fn
+
+
+def reference_median(fn, comm: MPI.Comm, which: int, nbytes: int, iters: int) -> float:
+    out = np.empty(iters)
+    fn(which, comm.py2f(), nbytes, iters, out.ctypes.data_as(ctypes.POINTER(ctypes.c_double)))
+    comm.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
+    return estimate(out).median
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--sizes", default="8,65536,1048576")
+    args = ap.parse_args()
+    world = MPI.COMM_WORLD
+    if world.size != 2:
+        raise SystemExit("run on exactly 2 ranks")
+    ref = load_reference(world)
+    set_page_policy("nohugepage")
+    compiled, note = make_timer(world, "c")
+    timers = {"compiled": compiled, "python": PythonTimer()}
+    rule = StopRule(target_ci=0.02, min_samples=10, budget_s=1.0)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ratios: dict[tuple[str, int, str], list[float]] = {}
+    medians: dict[tuple[str, int, str], list[float]] = {}
+    for rnd in range(args.rounds):
+        for which, name in enumerate(("pingpong", "allreduce")):
+            op = OPS[name]
+            for size in sizes:
+                lay = op.layout(size, 2, itemsize(COMM_DTYPE))
+                iters = max(20, min(20000, int(2e8 // max(size, 1) // 1000)))
+                c_ref = reference_median(ref, world, which, lay.size_bytes, iters)
+                medians.setdefault((name, size, "C reference"), []).append(c_ref)
+                for label, timer in timers.items():
+                    m = measure_collective(op, world, lay, COMM_DTYPE, rule, timer)
+                    medians.setdefault((name, size, label), []).append(m.estimate.median)
+                    ratios.setdefault((name, size, label), []).append(m.estimate.median / c_ref)
+    if world.rank == 0:
+        print(f"# {MPI.Get_library_version().splitlines()[0]}; timing: {note}; {args.rounds} rounds")
+        print(f"{'op':<10} {'size':>8} {'path':<12} {'median us':>10} {'ratio to C (median of rounds)':>30}")
+        for (name, size, label), vals in sorted(medians.items()):
+            r = ratios.get((name, size, label))
+            ratio = f"{np.median(r):.3f}  [{min(r):.3f}..{max(r):.3f}]" if r else "1"
+            print(f"{name:<10} {size:>8} {label:<12} {np.median(vals) * 1e6:>10.3f} {ratio:>30}")
+    pages = {}
+    for policy in ("nohugepage", "hugepage"):
+        set_page_policy(policy)
+        lay = OPS["pingpong"].layout(4 << 20, 2, itemsize(COMM_DTYPE))
+        pages[policy] = [measure_collective(OPS["pingpong"], world, lay, COMM_DTYPE, rule, compiled).estimate.median
+                         for _ in range(3)]
+    if world.rank == 0:
+        print("4 MiB ping-pong by page policy (median of 3 points, us): " +
+              ", ".join(f"{k} {np.median(v) * 1e6:.1f}" for k, v in pages.items()))
+
+
+if __name__ == "__main__":
+    main()
