@@ -55,6 +55,8 @@ class Compute:
     out_shape: tuple[int, ...]
     flops: float
 
+    is_comm: ClassVar[bool] = False
+
 
 @dataclass(frozen=True)
 class Sigs:

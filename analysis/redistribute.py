@@ -11,6 +11,7 @@ A `Step` carries everything needed to run it on a device at mesh coordinate c (s
   slice           B->S(d) local: keep block c[axis] of `scatter_dim`.                      (free)
   partial         B->P or S(d)->P  local: member c[axis]==0 keeps the data (S(d): placed at its block of
                           `gather_dim` in a zero buffer), the others zeros.                  (free)
+  relabel         any, on an axis of size 1: nothing to do to the data.                        (free)
 Steps are ordered so that every intermediate buffer is exactly the canonical block of the step's `dst`
 signature: a split is added or removed on a dim only at the innermost axis that splits it. The plan is
 the cheapest such sequence by bytes moved per rank (ties: fewer steps), found by Dijkstra over the
@@ -175,8 +176,6 @@ def plan(shape: tuple[int, ...], itemsize: int, src: Signature, dst: Signature, 
         why = indivisible(shape, b, mesh.shape)
         if why:
             return Plan(shape, itemsize, src, dst, (), False, why)
-        if op == "relabel":
-            continue
         grp = mesh.axes[axis]
         ins, outs = local_shape(shape, a, mesh.shape), local_shape(shape, b, mesh.shape)
         nbytes = math.prod(ins) * itemsize if op in COLLECTIVES else 0
@@ -189,8 +188,9 @@ def apply_step(sig: Signature, step: Step) -> Signature:
     """The signature after `step`: what its op does to the axis placement (symbolic execution)."""
     a = sig[step.axis]
     legal = {"allreduce": a == P, "reduce_scatter": a == P, "allgather": a.is_split, "alltoall": a.is_split,
-             "slice": a == B, "partial": a != P}
+             "slice": a == B, "partial": a != P, "relabel": step.group_size == 1}
     if not legal[step.op]:
         raise ValueError(f"{step.op} cannot act on {a} (axis {step.axis} of {fmt(sig)})")
-    out = {"allreduce": B, "allgather": B, "partial": P}.get(step.op) or Split(step.scatter_dim)
+    out = {"allreduce": B, "allgather": B, "partial": P, "relabel": step.dst[step.axis]}.get(step.op) \
+        or Split(step.scatter_dim)
     return sig[:step.axis] + (out,) + sig[step.axis + 1:]

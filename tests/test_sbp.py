@@ -1,0 +1,157 @@
+"""SBP algebra and redistribution plans: textbook collectives, symbolic execution, pricing monotonicity."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.layers import Elementwise, Linear, Strategy
+from analysis.mesh import Mesh, parse_mesh
+from analysis.redistribute import apply_step, plan
+from analysis.sbp import B, P, S, parse_signature
+from analysis.search import resolved
+from microbench.errors import UsageError
+
+ISZ = 4
+
+
+@pytest.fixture(scope="module")
+def pricer22():
+    from calib.calibration import calibration_from_dict
+    from calib.synthetic import synthetic_calibration
+
+    from analysis.pricing import Pricer
+    models = {(op, link): (a, 1 / bw) for op in ("allreduce", "allgather", "reduce_scatter", "alltoall")
+              for link, a, bw in (("intra", 5e-6, 100e9), ("inter", 20e-6, 12e9))}
+    return Pricer(calibration_from_dict(synthetic_calibration(models, gemm={"float32": 1e13})), Mesh((2, 2), 2))
+
+
+def comm(steps):
+    return [(s.op, s.axis, s.bytes_per_rank) for s in steps if s.is_comm]
+
+
+def test_placements_are_values():
+    assert S(0) == S(0) and S(0) != S(1) and B != P and hash(S(1)) == hash(S(1))
+    assert parse_signature("[S(1), B, P]") == (S(1), B, P)
+    with pytest.raises(UsageError):
+        parse_signature("S(x),B")
+
+
+def test_mesh_link_classes():
+    m = parse_mesh("2x4")
+    assert [a.link for a in m.axes] == ["inter", "intra"]
+    m3 = parse_mesh("2x2x2", ranks_per_node=4)
+    assert [(a.nodes, a.ranks_per_node, a.link) for a in m3.axes] == [(2, 1, "inter"), (1, 2, "intra"), (1, 2, "intra")]
+    assert parse_mesh("4x4", ranks_per_node=2).axes[1].link == "spread"
+    with pytest.raises(UsageError):
+        parse_mesh("2x4", devices=6)
+    with pytest.raises(UsageError):
+        parse_mesh("2x3", ranks_per_node=4)
+
+
+def test_data_parallel_matmul_one_gradient_allreduce_of_w():
+    mesh = Mesh((4,), 4)
+    lin = Linear("l", ISZ, 64, 32, 16)
+    sched = lin.schedule(Strategy(("m",)), mesh)
+    assert comm(sched.forward) == []
+    assert comm(sched.backward) == [("allreduce", 0, 32 * 16 * ISZ)]
+
+
+def test_megatron_column_then_row_one_allreduce_per_forward():
+    mesh = Mesh((4,), 4)
+    col, act, row = Linear("a", ISZ, 64, 32, 128), Elementwise("g", ISZ, 64, 128), Linear("b", ISZ, 64, 128, 32)
+    sc, sa, sr = Strategy(("n",)), Strategy(("c",)), Strategy(("k",))
+    fwd = (col.schedule(sc, mesh, False).forward + plan(col.out_shape, ISZ, col.sigs(sc).y, act.sigs(sa).x, mesh).steps
+           + act.schedule(sa, mesh).forward + plan(act.out_shape, ISZ, act.sigs(sa).y, row.sigs(sr).x, mesh).steps
+           + row.schedule(sr, mesh).forward
+           + plan(row.out_shape, ISZ, row.sigs(sr).y, resolved(row.sigs(sr).y), mesh).steps)
+    assert comm(fwd) == [("allreduce", 0, 64 * 32 * ISZ)]
+    # backward of the row layer needs no communication; the column layer's dX is a partial sum
+    assert comm(row.schedule(sr, mesh).backward) == [] and col.sigs(sc).dx == (P,)
+
+
+def test_autoddl_3d_reduce_scatter_then_allgather():
+    mesh = Mesh((2, 2, 2), 2)
+    y = (S(0), S(1), P)          # 3D matmul output: rows, columns, partial over the reduction axis
+    x_next = (S(0), B, S(1))     # the next 3D layer's input
+    p = plan((64, 64), ISZ, y, x_next, mesh)
+    whole = 64 * 64 * ISZ
+    ops = comm(p.steps)
+    assert [o for o, _, _ in ops][:2] == ["reduce_scatter", "allgather"]
+    assert ops[0] == ("reduce_scatter", 2, whole // 4) and ops[1] == ("allgather", 1, whole // 8)
+
+
+def test_colossal_ai_1d_and_2d_forward_volumes():
+    q, m, k, n = 2, 64, 32, 48
+    # 1D (Megatron row layer): one allreduce of the whole output per forward
+    one = Mesh((4,), 4)
+    row = Linear("r", ISZ, m, k, n)
+    y = row.sigs(Strategy(("k",))).y
+    assert comm(plan(row.out_shape, ISZ, y, resolved(y), one).steps) == [("allreduce", 0, m * n * ISZ)]
+    # 2D SUMMA: X and W stored as q x q blocks; forward gathers X along rows and W along columns
+    two = Mesh((q, q), q)
+    lin = Linear("s", ISZ, m, k, n)
+    s = Strategy(("m", "n"), sharded_weights=True)
+    steps = plan(lin.in_shape, ISZ, (S(0), S(1)), lin.sigs(s).x, two).steps + lin.schedule(s, two).forward
+    got = sorted(comm(steps))
+    assert got == sorted([("allgather", 1, m * k * ISZ // q ** 2), ("allgather", 0, k * n * ISZ // q ** 2)])
+    received = sum(b * (q - 1) for _, _, b in got)
+    assert received == (q - 1) * (m * k + k * n) * ISZ // q ** 2
+
+
+placements = st.sampled_from([B, P, S(0), S(1)])
+
+
+@st.composite
+def cases(draw):
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3]), min_size=1, max_size=3)))
+    src = tuple(draw(placements) for _ in shape)
+    dst = tuple(draw(placements) for _ in shape)
+    return Mesh(shape, shape[-1]), src, dst
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_plan_steps_applied_symbolically_reach_the_target(case):
+    mesh, src, dst = case
+    p = plan((216, 216), ISZ, src, dst, mesh)
+    assert p.feasible, p.reason
+    sig = src
+    for step in p.steps:
+        assert step.src == sig
+        sig = apply_step(sig, step)
+        assert sig == step.dst
+    assert sig == dst
+
+
+def test_costs_are_non_negative_and_grow_with_bytes(pricer22):
+    from analysis.search import Tabulator
+    tab = Tabulator(pricer22)
+    pairs = [(a, b) for a in [(P, S(0)), (S(1), S(0)), (B, P)] for b in [(B, B), (S(0), S(1)), (S(1), B)]]
+    small = tab.plan_seconds((64, 64), ISZ, pairs)
+    big = tab.plan_seconds((128, 128), ISZ, pairs)
+    assert (small >= 0).all() and (big >= small).all() and (big > small).any()
+
+
+def test_indivisible_plan_is_infinite_with_reason():
+    p = plan((6, 8), ISZ, (B,), (S(0),), Mesh((4,), 4))
+    assert not p.feasible and "not divisible" in p.reason
+
+
+def test_importing_models_leaves_mpi_and_cupy_unimported():
+    code = ("import sys, analysis.sbp, analysis.mesh, analysis.redistribute, analysis.layers, analysis.models, "
+            "analysis.pricing, analysis.search, analysis.summary, analysis.search_cmd, analysis.predict_strategy; "
+            "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_strategy_ids_are_stable_and_enumerated():
+    lin = Linear("l", ISZ, 8, 8, 8)
+    ids = [s.id for s in lin.strategies(Mesh((2, 2), 2))]
+    assert len(ids) == len(set(ids)) == 2 * 4 ** 2 and "m.n" in ids and "-.k/ws" in ids
+    assert math.isinf(lin.schedule(Strategy(("x", "m")), Mesh((2, 2), 2)).memory_bytes)
