@@ -81,9 +81,6 @@ sweep_args=(sweep --out "$run_dir" --resume --backend "$backend")
 [ -n "${COMMCAL_TARGET_CI:-}" ] && sweep_args+=(--target-ci "$COMMCAL_TARGET_CI")
 [ -n "${COMMCAL_POINT_BUDGET:-}" ] && sweep_args+=(--point-budget "$COMMCAL_POINT_BUDGET")
 if [ -n "${COMMCAL_SWEEP_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_SWEEP_ARGS"; sweep_args+=("${extra[@]}"); fi
-# The sweep itself checks that the MPI world is the Slurm task count; --expect-world makes the
-# check independent of the launcher (mpirun inside the allocation hides SLURM_STEP_NUM_TASKS).
-sweep_args+=(--expect-world "$ntasks")
 
 # Open MPI: never bind every "node"'s rank to the same core; yield when idle (shared cores).
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
@@ -93,7 +90,9 @@ export PYTHONUNBUFFERED=1
 launcher=${COMMCAL_LAUNCHER:-srun}
 case $launcher in
   srun) launch=(srun --mpi="${COMMCAL_SRUN_MPI:-pmix}" --ntasks="$ntasks" --kill-on-bad-exit=1) ;;
-  mpirun) launch=(mpirun -n "$ntasks" --bind-to none)
+  # Under srun the sweep checks its MPI world against Slurm's task count itself; under mpirun,
+  # which hides the step's task count, --expect-world does.
+  mpirun) launch=(mpirun -n "$ntasks" --bind-to none); sweep_args+=(--expect-world "$ntasks")
           [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ;;
   *) fail "COMMCAL_LAUNCHER must be srun or mpirun, not '$launcher'" 2 ;;
 esac
@@ -108,11 +107,9 @@ set +e
 "${launch[@]}" "${COMMCAL_CMD[@]}" "${sweep_args[@]}"
 rc=$?
 set -e
-case $rc in
-  0) ;;
-  2) fail "sweep refused to run (exit 2: usage, or the MPI world is not the $ntasks Slurm tasks; see above)" 2 ;;
-  *) fail "sweep exited $rc (wrong results or a crash; finished points are kept in $run_dir: resubmit to resume)" "$rc" ;;
-esac
+if [ $rc -ne 0 ]; then
+  fail "step 1 (sweep) exited $rc; the error is above: a usage error, an MPI world that is not the $ntasks Slurm tasks, wrong results, a crash or the time limit. Finished points are kept in $run_dir: resubmit to resume" "$rc"
+fi
 [ -f "$run_dir/summary.csv" ] || fail "sweep wrote no $run_dir/summary.csv"
 
 # --- 2. fit ------------------------------------------------------------------------------------------

@@ -1,0 +1,232 @@
+"""The local cluster for real: network namespaces with a tbf-limited link, real Slurm daemons,
+`sbatch slurm/sweep.sh` end to end (sweep -> fit -> report -> calibration file), and a plain-MPI
+sweep across the two "nodes". The inter-node bandwidth the calibration reports must recover the
+injected tbf rate's payload share.
+
+Needs root, iproute2, and Debian's munge/slurmctld/slurmd/slurm-client/libpmix packages (as
+`./bootstrap.sh test` installs); without them the tier skips with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VENV_BIN
+
+pytestmark = pytest.mark.cluster
+
+CLUSTER = REPO / "slurm" / "cluster.sh"
+SWEEP = REPO / "slurm" / "sweep.sh"
+RATE_MBIT = 400
+# tbf counts whole Ethernet frames (1514 bytes for a 1500-byte MTU) of which TCP carries 1448
+# bytes of payload (20 IP + 20 TCP + 12 timestamp option bytes, 14 Ethernet header bytes).
+EXPECTED_BPS = RATE_MBIT * 1e6 / 8 * 1448 / 1514
+NODES = ("node1", "node2")
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "not root: the local cluster needs network namespaces and tc"
+    for tool in ("ip", "tc", "nsenter", "unshare"):
+        if shutil.which(tool) is None:
+            return f"no '{tool}' (apt-get install iproute2 util-linux)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "'ip netns' does not work here"
+    for tool in ("munged", "mungekey", "slurmctld", "slurmd", "sbatch"):
+        if shutil.which(tool) is None:
+            return f"no '{tool}' (./bootstrap.sh test installs munge slurmctld slurmd slurm-client libpmix2 libpmix-dev)"
+    return None
+
+
+def cluster_env(state: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["COMMCAL_CLUSTER_DIR"] = str(state)
+    env["PYTHONUNBUFFERED"] = "1"
+    for var in list(env):  # a test run inside someone's Slurm job must not leak its job into ours
+        if var.startswith("SLURM_") or var.startswith("COMMCAL_") and var != "COMMCAL_CLUSTER_DIR":
+            del env[var]
+    return env
+
+
+class Cluster:
+    def __init__(self, state: Path, work: Path):
+        self.state, self.work = state, work
+        self.env = cluster_env(state)
+
+    def run(self, *args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(CLUSTER), *args], env={**self.env, **(env or {})}, cwd=cwd or self.work,
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"cluster.sh {' '.join(args)}: exit {proc.returncode}\n"
+                                 f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return proc
+
+    def sbatch(self, *args: str, env: dict | None = None, cwd: Path | None = None) -> int:
+        out = self.run("sbatch", "--parsable", *args, env=env, cwd=cwd).stdout.strip()
+        assert re.fullmatch(r"\d+(;\S+)?", out), out
+        return int(out.split(";")[0])
+
+    def wait(self, job: int, timeout: float) -> tuple[bool, str]:
+        proc = self.run("wait", str(job), str(int(timeout)), timeout=timeout + 30, check=False)
+        return proc.returncode == 0, proc.stdout + proc.stderr
+
+    def logs(self) -> str:
+        parts = []
+        for f in sorted((self.state / "log").glob("*.log")):
+            parts.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:]))
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("cluster")
+    c = Cluster(base / "state", base / "work")
+    c.work.mkdir()
+    if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("commcal-ctl"):
+        pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
+    try:
+        t0 = time.monotonic()
+        c.run("up", "--nodes", "2", "--rate", f"{RATE_MBIT}mbit", "--cpus", "2", timeout=90)
+        print(f"cluster up in {time.monotonic() - t0:.1f} s")
+        yield c
+    finally:
+        subprocess.run([str(CLUSTER), "down"], env=c.env, capture_output=True, text=True, timeout=120)
+
+
+def test_nodes_have_their_own_hostnames_and_addresses(cluster):
+    for i, node in enumerate(NODES, start=1):
+        assert cluster.run("exec", node, "hostname").stdout.strip() == node
+        addrs = cluster.run("exec", node, "ip", "-4", "-o", "addr", "show", "dev", "eth0").stdout
+        assert f"10.77.0.{i}/24" in addrs
+        qdisc = cluster.run("exec", node, "tc", "qdisc", "show", "dev", "eth0").stdout
+        assert "tbf" in qdisc and "400Mbit" in qdisc, qdisc
+    # the root namespace cannot reach the cluster's subnet: traffic never leaves the machine
+    route = subprocess.run(["ip", "route", "get", "10.77.0.1"], capture_output=True, text=True)
+    assert route.returncode != 0 or "unreachable" in route.stdout
+    status = cluster.run("status").stdout
+    assert "slurmctld: running" in status and "slurmd-node2: running" in status, status
+
+
+def test_srun_and_sbatch_reach_both_nodes(cluster):
+    out = cluster.run("srun", "-N2", "-n2", "hostname", timeout=60).stdout.split()
+    assert sorted(out) == list(NODES)
+    job = cluster.sbatch("-N2", "--ntasks-per-node=1", "-o", "hello-%j.out", "--wrap", "srun hostname")
+    t0 = time.monotonic()
+    ok, text = cluster.wait(job, 60)
+    assert ok, text + cluster.logs()
+    assert time.monotonic() - t0 < 20, "a trivial job should finish within seconds (no sbatch --wait polling)"
+    assert sorted((cluster.work / f"hello-{job}.out").read_text().split()) == list(NODES)
+    # a failing job is reported as such
+    job = cluster.sbatch("-N1", "-o", "false-%j.out", "--wrap", "false")
+    ok, text = cluster.wait(job, 60)
+    assert not ok and "FAILED" in text, text
+
+
+def test_sweep_sh_fails_loudly_when_world_is_not_the_task_count(cluster):
+    # srun --mpi=none makes Open MPI start separate size-1 worlds: the job must fail, not calibrate.
+    env = {"COMMCAL_SRUN_MPI": "none", "COMMCAL_PRESET": "quick", "COMMCAL_OPS": "pingpong",
+           "COMMCAL_SIZES": "8,64", "COMMCAL_OUT_DIR": str(cluster.work / "mismatch")}
+    job = cluster.sbatch("-o", "mismatch-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(job, 120)
+    log = (cluster.work / f"mismatch-{job}.out").read_text()
+    assert not ok, f"{text}\n{log}"
+    assert "commcal-sweep: FAILED" in log, log
+    assert re.search(r"MPI world has 1 ranks but Slurm started 4 tasks", log), log
+    assert not list((cluster.work / "mismatch").glob("*.json")), "no calibration may be written"
+
+
+SWEEP_ENV = {"COMMCAL_PRESET": "quick", "COMMCAL_OPS": "pingpong,allreduce", "COMMCAL_LINKS": "intra,inter",
+             # large pingpong sizes so that the inter-node beta is fitted where the tbf rate dominates
+             "COMMCAL_SIZES": "8,512,4K,32K,256K,1M,2M,4M,8M"}
+
+
+def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
+    out = cluster.work / "calib"
+    env = {**SWEEP_ENV, "COMMCAL_OUT_DIR": str(out), "COMMCAL_RUN_NAME": "run"}
+    points = out / "run" / "points"
+    # 1. start the sweep and kill it part-way, as a time limit would
+    job = cluster.sbatch("-o", "sweep-%j.out", str(SWEEP), env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(points.glob("*.json"))) < 6:
+        time.sleep(0.2)
+    cluster.run("scancel", str(job))
+    ok, text = cluster.wait(job, 120)
+    first_log = (cluster.work / f"sweep-{job}.out").read_text()
+    assert not ok, f"the first job should have been cancelled part-way:\n{text}\n{first_log}"
+    kept = {p.name: p.stat().st_mtime_ns for p in points.glob("*.json")}
+    assert len(kept) >= 6, f"finished points must survive the kill:\n{first_log}"
+    # 2. resubmit: the run resumes and the finished points are not measured again
+    t0 = time.monotonic()
+    job = cluster.sbatch("-o", "sweep-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(job, 420)
+    log = (cluster.work / f"sweep-{job}.out").read_text()
+    assert ok, f"{text}\n{log}\n{cluster.logs()}"
+    print(f"resumed sweep job: {time.monotonic() - t0:.1f} s")
+    assert f"({len(kept)} already done)" in log or f"{len(kept)} already done" in log, log
+    for name, mtime in kept.items():
+        assert (points / name).stat().st_mtime_ns == mtime, f"{name} was measured again"
+    run = json.loads((out / "run" / "run.json").read_text())
+    assert run["resumed_at"], "run.json should record the resumption"
+    assert sorted(run["hosts"]) == list(NODES)
+    # 3. the calibration file: named after the cluster and date, valid, with both link classes
+    cals = sorted(out.glob("localcluster-*.json"))
+    assert len(cals) == 1 and re.fullmatch(r"localcluster-\d{4}-\d{2}-\d{2}\.json", cals[0].name), cals
+    from calib.calibration import load_calibration
+
+    cal = load_calibration(cals[0])
+    assert {"intra", "inter"} <= set(cal.link_classes())
+    data = json.loads(cals[0].read_text())
+    assert data["link_classes"]["inter"]["nodes"] == 2 and data["link_classes"]["intra"]["nodes"] == 1
+    # 4. ground truth: the inter-node point-to-point bandwidth is the tbf rate's payload share
+    bw = data["p2p"]["pingpong"]["inter"]["bandwidth_bytes_per_s"]
+    intra = data["p2p"]["pingpong"]["intra"]["bandwidth_bytes_per_s"]
+    print(f"inter-node pingpong bandwidth {bw / 1e6:.2f} MB/s, expected {EXPECTED_BPS / 1e6:.2f} MB/s "
+          f"({bw / EXPECTED_BPS - 1:+.1%}); intra-node {intra / 1e6:.0f} MB/s")
+    assert abs(bw / EXPECTED_BPS - 1) <= 0.05, (bw, EXPECTED_BPS, log)
+    assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
+
+
+def test_plain_mpirun_sweep_across_the_nodes(cluster):
+    out = cluster.work / "plain"
+    commcal = str(VENV_BIN / "commcal")
+    proc = cluster.run("mpirun", "-n", "2", "--map-by", "node", commcal, "sweep", "--out", str(out), "--quick",
+                       "--ops", "pingpong", "--links", "inter", "--sizes", "8,4K,256K,1M", "--expect-world", "2",
+                       timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert sorted(run["hosts"]) == list(NODES), run["hosts"]
+    summary = (out / "summary.csv").read_text().splitlines()
+    assert len(summary) == 1 + 4, summary
+    # and the smoke program: two ranks on two nodes, exact data, bandwidth near the tbf rate
+    proc = cluster.run("mpirun", "-n", "2", "--map-by", "node", sys.executable,
+                       str(REPO / "slurm" / "localcluster" / "pingpong.py"), str(2 << 20), "6", timeout=120)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["hosts"] == list(NODES) and res["wrong"] == 0
+    assert res["best_bandwidth_Bps"] < 1.05 * EXPECTED_BPS, res  # the tbf rate is a ceiling
+
+
+def test_down_stops_everything_and_is_safe_twice(cluster):
+    anchors = [int((cluster.state / "pids" / f"anchor-{n}.pid").read_text()) for n in ("ctl", *NODES)]
+    cluster.run("down", timeout=120)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "commcal-" not in netns, netns
+    for pid in anchors:
+        assert not Path(f"/proc/{pid}").exists(), f"pid {pid} survived"
+    assert "unreachable" not in subprocess.run(["ip", "route", "show", "10.77.0.0/24"], capture_output=True,
+                                               text=True).stdout
+    assert not cluster.state.exists()
+    again = cluster.run("down", timeout=60)
+    assert "nothing to do" in again.stderr
