@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from microbench import cloop
+from microbench.backends import MpiBackend
 from microbench.driver import PythonTimer, make_timer, measure_collective
 from microbench.ops import COMM_DTYPE, OPS, itemsize
 from microbench.stats import StopRule, estimate
@@ -54,6 +55,7 @@ def main() -> None:
     if world.size != 2:
         raise SystemExit("run on exactly 2 ranks")
     ref = load_reference(world)
+    host = MpiBackend(world, [])
     set_page_policy("nohugepage")
     compiled, note = make_timer(world, "c")
     timers = {"compiled": compiled, "python": PythonTimer()}
@@ -70,7 +72,7 @@ def main() -> None:
                 c_ref = reference_median(ref, world, which, lay.size_bytes, iters)
                 medians.setdefault((name, size, "C reference"), []).append(c_ref)
                 for label, timer in timers.items():
-                    m = measure_collective(op, world, lay, COMM_DTYPE, rule, timer)
+                    m = measure_collective(op, world, lay, COMM_DTYPE, rule, timer, host)
                     medians.setdefault((name, size, label), []).append(m.estimate.median)
                     ratios.setdefault((name, size, label), []).append(m.estimate.median / c_ref)
     if world.rank == 0:
@@ -84,7 +86,7 @@ def main() -> None:
     for policy in ("nohugepage", "hugepage"):
         set_page_policy(policy)
         lay = OPS["pingpong"].layout(4 << 20, 2, itemsize(COMM_DTYPE))
-        pages[policy] = [measure_collective(OPS["pingpong"], world, lay, COMM_DTYPE, rule, compiled).estimate.median
+        pages[policy] = [measure_collective(OPS["pingpong"], world, lay, COMM_DTYPE, rule, compiled, host).estimate.median
                          for _ in range(3)]
     if world.rank == 0:
         print("4 MiB ping-pong by page policy (median of 3 points, us): " +

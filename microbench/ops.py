@@ -60,6 +60,7 @@ class Op:
     c_code: int = -1                            # case in timeloop.c; -1: no compiled path
     result_in_send: bool = False                # result lands in the send buffer (bcast)
     send: Callable[..., Any] = lambda xp, rank, count, block, procs, dtype: pattern(xp, rank, count, dtype)
+    in_place: Callable[..., tuple] | None = None  # (send, recv, rank, block) -> in-place (send, recv) views
 
     def layout(self, requested_bytes: int, procs: int, itemsize: int) -> Layout:
         """Round the element count so every rank's block is whole (at least one element per block)."""
@@ -78,10 +79,10 @@ class Op:
         """What an optimal algorithm sends per rank: size * bus factor."""
         return size_bytes * self.bus_factor(procs)
 
-    def fill(self, xp: Any, lay: Layout, dtype: str, rank: int, procs: int):
-        """Fresh send and receive buffers for this rank."""
-        return (self.send(xp, rank, lay.send_count, lay.block, procs, dtype),
-                xp.zeros(lay.recv_count, dtype=dtype))
+    def fill(self, xp: Any, lay: Layout, dtype: str, rank: int, procs: int, in_place: bool = False):
+        """Fresh send and receive buffers for this rank (sharing memory when in place)."""
+        send, recv = self.send(xp, rank, lay.send_count, lay.block, procs, dtype), xp.zeros(lay.recv_count, dtype=dtype)
+        return self.in_place(send, recv, rank, lay.block) if in_place else (send, recv)
 
     def result(self, send, recv):
         """The buffer that `expected` describes."""
@@ -107,6 +108,11 @@ def _sendrecv(comm, send, recv, MPI) -> None:
     comm.Sendrecv(send, dest=peer, sendtag=9, recvbuf=recv, source=peer, recvtag=9)
 
 
+def _copy_into(dst, src):
+    dst[...] = src
+    return dst
+
+
 def _ring(p: int) -> float:
     return (p - 1) / p
 
@@ -118,15 +124,18 @@ def _one(p: int) -> float:
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("allreduce", "collective", "whole buffer on every rank", lambda p: 2 * (p - 1) / p,
        call=lambda c, s, r, MPI: c.Allreduce(s, r, op=MPI.SUM),
-       expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt), c_code=0),
+       expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt), c_code=0,
+       in_place=lambda s, r, rank, b: (_copy_into(r, s), r)),
     Op("allgather", "collective", "whole gathered (receive) buffer", _ring,
        call=lambda c, s, r, MPI: c.Allgather(s, r),
        expected=lambda xp, lay, dt, rank, p: xp.concatenate([pattern(xp, q, lay.block, dt) for q in range(p)]),
-       recv_blocks=True, c_code=1),
+       recv_blocks=True, c_code=1,
+       in_place=lambda s, r, rank, b: (_copy_into(r[rank * b:(rank + 1) * b], s), r)),
     Op("reduce_scatter", "collective", "whole send buffer (p blocks)", _ring,
        call=lambda c, s, r, MPI: c.Reduce_scatter_block(s, r, op=MPI.SUM),
        expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt)[rank * lay.block:(rank + 1) * lay.block],
-       send_blocks=True, c_code=2),
+       send_blocks=True, c_code=2,
+       in_place=lambda s, r, rank, b: (s, s[rank * b:(rank + 1) * b])),
     Op("alltoall", "collective", "whole send buffer (p blocks)", _ring,
        call=lambda c, s, r, MPI: c.Alltoall(s, r),
        expected=lambda xp, lay, dt, rank, p: xp.concatenate(
@@ -166,5 +175,14 @@ def gemm_flops(n: int) -> float:
     return 2.0 * n ** 3
 
 
+def numpy_dtype(name: str):
+    """numpy dtype for a name; bfloat16 comes from ml_dtypes (installed with the GPU extra)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def itemsize(dtype: str) -> int:
-    return np.dtype(dtype).itemsize
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize

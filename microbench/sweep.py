@@ -28,6 +28,8 @@ class SweepConfig:
     rule: StopRule
     backend: str = "mpi"
     gemm_sizes: tuple[int, ...] = ()
+    gemm_dtypes: tuple[str, ...] = GEMM_DTYPES
+    in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
     points = []
     for op in cfg.ops:
         if op.kind == "compute":
-            for dtype in GEMM_DTYPES:
+            for dtype in cfg.gemm_dtypes:
                 for size in cfg.gemm_sizes or cfg.sizes:
                     lay = op.layout(size, 1, itemsize(dtype))
                     group = Group("intra", 1, 1, 1, (0,))
@@ -52,7 +54,7 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
         counts = (2,) if op.kind == "p2p" else cfg.procs
         for link in cfg.links:
             for p in counts:
-                group = group_for(link, p, hosts) if p >= 2 else None
+                group = group_for(link, p, hosts) if p >= 2 or (p == 1 and link == "intra") else None
                 if group is None:
                     continue
                 for size in cfg.sizes:
@@ -91,7 +93,7 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, rule: StopRu
         run_id=run_id, point_id=pt.key.point_id, backend=pt.key.backend, op=pt.op.name, link=pt.group.link,
         nodes=pt.group.nodes, ranks_per_node=pt.group.ranks_per_node, procs=p,
         requested_bytes=pt.key.requested_bytes, size_bytes=lay.size_bytes, count=lay.send_count,
-        dtype=pt.key.dtype, bytes_per_rank=pt.op.bytes_per_rank(lay.size_bytes, p), in_place=False,
+        dtype=pt.key.dtype, bytes_per_rank=pt.op.bytes_per_rank(lay.size_bytes, p), in_place=m.in_place,
         timing_path=timing_path if pt.op.kind != "compute" else "python", samples=est.samples,
         median_s=est.median, ci_low_s=est.ci_low, ci_high_s=est.ci_high, min_s=est.min, p95_s=est.p95,
         mean_s=est.mean, target_ci=rule.target_ci, target_met=m.target_met, algbw_Bps=algbw,
@@ -150,9 +152,10 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
         comm = comms[(pt.group.link, pt.group.procs)]
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
-                m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend.xp, backend.sync)
+                m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend)
             else:
-                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend.xp)
+                in_place = cfg.in_place and pt.op.name in backend.in_place_ops
+                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place)
             if world.rank == 0:
                 s = summarize(run_id, pt, m, cfg.rule, timer.path)
                 store.write_point(s, m.samples)

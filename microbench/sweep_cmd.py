@@ -37,10 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timing loop: compiled (built with mpicc) or Python; auto prefers compiled")
     p.add_argument("--page-policy", choices=PAGE_POLICIES, default="nohugepage",
                    help="huge pages for numpy buffers (default nohugepage: steadier large-message latency)")
+    p.add_argument("--in-place", action="store_true",
+                   help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
 
 
-def build_config(args: argparse.Namespace, world_size: int):
+def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[str, ...]):
     """The sweep configuration from arguments (quick preset first, explicit flags override it)."""
     from microbench.sweep import SweepConfig
 
@@ -59,7 +61,7 @@ def build_config(args: argparse.Namespace, world_size: int):
         raise UsageError("--min-samples must be at least 6, the fewest samples that give a 95% CI of the median")
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
-                       rule=rule, backend=args.backend,
+                       rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -101,21 +103,23 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from microbench import provenance, sweep
-    from microbench.driver import make_timer
     from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION
     from microbench.store import RunStore
 
     world = MPI.COMM_WORLD
     check_world(world.size, args.expect_world)
-    cfg = build_config(args, world.size)
+    if args.in_place and args.backend != "nccl":
+        raise UsageError("--in-place applies to --backend nccl")
+    build_config(args, world.size, ())             # reject bad arguments before touching a device
     hosts = world.allgather(MPI.Get_processor_name())
+    backend = backend_for(args.backend, world, hosts)
+    cfg = build_config(args, world.size, backend.gemm_dtypes())
     points = sweep.plan(cfg, hosts)
     if not points:
         raise UsageError("nothing to measure: no link class in --links can be formed with these process counts")
     ranks_here = hosts.count(hosts[world.rank])
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
     sweep.check_memory(points, per_rank)
-    backend = backend_for(cfg.backend, world)
 
     store = RunStore(args.out)
     error = None
@@ -129,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if error:
         raise UsageError(error)
     page_policy = set_page_policy(args.page_policy)
-    timer, timing_note = make_timer(world, args.timing)
+    timer, timing_note = backend.make_timer(world, args.timing)
     if world.rank == 0:
         run_id = earlier["run_id"] if earlier else f"{provenance.now().replace(':', '')[:15]}-{hosts[0]}-{os.getpid()}"
         meta = dict(earlier or {}, schema=RUN_SCHEMA, version=RUN_SCHEMA_VERSION, run_id=run_id)
@@ -168,7 +172,17 @@ def run(args: argparse.Namespace) -> int:
     return 1 if wrong else 0
 
 
-def backend_for(name: str, world):
+def backend_for(name: str, world, hosts: list[str]):
+    """The backend every rank agrees on; a rank that cannot set it up fails the whole job with its reason."""
+    from mpi4py import MPI
+
     from microbench.backends import BACKENDS
 
-    return BACKENDS[name](world)
+    try:
+        backend, error = BACKENDS[name](world, hosts), None
+    except UsageError as exc:
+        backend, error = None, str(exc)
+    errors = [e for e in world.allgather(error) if e]
+    if errors:
+        raise UsageError(errors[0])
+    return backend
