@@ -1,0 +1,190 @@
+"""The calibration file and its commands: synthetic calibrations predict the algorithm formulas, the one loader
+rejects bad files naming the key, and fit/predict/table fail on bad input with one line and exit 2."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import jsonschema
+import numpy as np
+import pytest
+
+from calib.calibration import calibration_from_dict, json_schema, load_calibration
+from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
+from microbench.errors import UsageError
+from microbench.cli import main
+from tests.conftest import run_cli
+
+ALPHA, BETA = 5e-6, 2e-9
+
+
+@pytest.fixture
+def cal_dict():
+    return synthetic_calibration(
+        {("allreduce", "inter"): (ALPHA, BETA),
+         ("bcast", "intra"): TrueModel.line(1e-6, 1e-10, "binomial_tree"),
+         ("pingpong", "inter"): TrueModel((Segment(4096, 2e-6, 3e-9), Segment(math.inf, 9e-6, 1e-9)))},
+        links={"inter": [2, 4], "intra": [2, 4, 8]}, gemm={"float32": 3e11})
+
+
+def test_synthetic_calibration_predicts_the_algorithm_formulas(cal_dict):
+    cal = calibration_from_dict(cal_dict)
+    assert cal.backend == "mpi" and cal.has("allreduce", "inter") and not cal.has("allreduce", "intra")
+    assert cal.link_classes()["inter"]["procs"] == [2, 4]
+    for p, n in ((2, 1e3), (4, 64 * 2 ** 20)):
+        pred = cal.predict("allreduce", "inter", p, n)
+        assert pred.seconds == pytest.approx(2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA)
+        assert not pred.extrapolated and pred.model == "ring" and pred.link == "inter"
+    pred = cal.predict("allreduce", "inter", 16, 1e6)
+    assert pred.extrapolated and "16" in pred.note
+    assert cal.predict("bcast", "intra", 8, 1e6).seconds == pytest.approx(3 * (1e-6 + 1e6 * 1e-10))
+    n = np.array([100.0, 4095.0, 4096.0, 1e6])
+    want = np.where(n < 4096, 2e-6 + n * 3e-9, 9e-6 + n * 1e-9)
+    np.testing.assert_allclose(cal.predict_seconds("pingpong", "inter", 2, n), want)
+    np.testing.assert_allclose([cal.predict("pingpong", "inter", 2, x).seconds for x in n], want)
+    assert cal.gemm_flops_per_s("float32") == 3e11
+    with pytest.raises(UsageError, match="float16"):
+        cal.gemm_flops_per_s("float16")
+    with pytest.raises(UsageError, match="no model for allreduce"):
+        cal.predict("allreduce", "spread", 4, 1e3)
+
+
+def _mutations():
+    def put(path, value):
+        def f(d):
+            *head, last = path
+            for k in head:
+                d = d[k]
+            d[last] = value
+        return f
+
+    def drop(path):
+        def f(d):
+            *head, last = path
+            for k in head:
+                d = d[k]
+            del d[last]
+        return f
+
+    seg = ["models", "allreduce", "inter", "segments", 0]
+    return [
+        (put(["version"], 2), "'version'"),
+        (put(["schema"], "other"), "'schema'"),
+        (drop(["provenance"]), "missing key 'provenance'"),
+        (drop([*seg, "beta_s_per_byte"]), "missing key 'models.allreduce.inter.segments.0.beta_s_per_byte'"),
+        (put([*seg, "alpha_s"], "5us"), "key 'models.allreduce.inter.segments.0.alpha_s' must be of type number"),
+        (put([*seg, "speed"], 1.0), "unknown key 'models.allreduce.inter.segments.0.speed'"),
+        (put(["extra"], {}), "unknown key 'extra'"),
+        (put(["link_classes", "galaxy"], {}), "unknown key 'link_classes.galaxy'"),
+        (put(["models", "allreduce", "inter", "procs_measured"], ["2"]), "procs_measured.0"),
+    ]
+
+
+@pytest.mark.parametrize("mutate,message", _mutations())
+def test_loader_rejects_bad_files_naming_the_key(cal_dict, tmp_path, mutate, message):
+    bad = copy.deepcopy(cal_dict)
+    mutate(bad)
+    with pytest.raises(UsageError, match=message.replace(".", r"\.")):
+        calibration_from_dict(bad)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(UsageError, match=message.replace(".", r"\.")):
+        load_calibration(path)
+
+
+def test_table_on_a_bad_file_is_one_line_and_exit_2(cal_dict, tmp_path):
+    cal_dict["models"]["allreduce"]["inter"]["segments"][0]["alpha_s"] = "5us"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cal_dict))
+    proc = run_cli(["table", str(path)])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "key 'models.allreduce.inter.segments.0.alpha_s' must be of type number" in proc.stderr
+
+
+def test_loader_rejects_unreadable_json(tmp_path):
+    for text in ("{", '{"version": NaN}', "[]"):
+        path = tmp_path / "x.json"
+        path.write_text(text)
+        with pytest.raises(UsageError):
+            load_calibration(path)
+    with pytest.raises(UsageError, match="cannot read"):
+        load_calibration(tmp_path / "missing.json")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_synthetic_run(tmp_path_factory.mktemp("run") / "r", {
+        ("allreduce", "inter"): (20e-6, 1e-9), ("pingpong", "inter"): (10e-6, 8e-9)}, {"inter": [2, 4]},
+        gemm={"float32": 5e10})
+
+
+def test_fit_predict_table_end_to_end(run_dir, tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    code, stdout, err = _cli(capsys, ["fit", str(run_dir), "--out", str(out)])
+    assert code == 0, err
+    assert "allreduce" in stdout and "pingpong" in stdout
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, json_schema())
+    assert data["provenance"]["runs"][0]["machine"] == "synthetic"
+    predict = ["predict", str(out), "--op", "allreduce", "--link", "inter", "--procs", "8", "--bytes", "64M"]
+    code, stdout, err = _cli(capsys, [*predict, "--json"])
+    assert code == 0, err
+    pred = json.loads(stdout)
+    assert pred["extrapolated"] and pred["low_s"] < pred["seconds"] < pred["high_s"]
+    assert pred["seconds"] == pytest.approx(14 * 20e-6 + 14 / 8 * 2 ** 26 * 1e-9, rel=0.03)
+    proc = run_cli(predict)
+    assert proc.returncode == 0 and "extrapolated" in proc.stdout and "ms" in proc.stdout
+    code, md, _ = _cli(capsys, ["table", str(out)])
+    assert code == 0 and "| allreduce | inter | 2,4 | ring |" in md and "GEMM" in md
+    code, csv, _ = _cli(capsys, ["table", str(out), "--format", "csv"])
+    assert code == 0 and csv.splitlines()[0].startswith("table,op,link,procs")
+    assert len(csv.splitlines()) == 1 + 2 + 2    # header, two models, Hockney p=2 and p=4
+
+
+def test_fit_reads_a_run_killed_before_consolidation(tmp_path, capsys):
+    run = write_synthetic_run(tmp_path / "r", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]},
+                              consolidate=False)
+    assert _cli(capsys, ["fit", str(run), "--out", str(tmp_path / "c.json")])[0] == 0
+
+
+def _cli(capsys, args):
+    """`commcal ARGS` in this process (the dispatcher itself; run_cli covers the console path)."""
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _expect_usage_error(capsys, args, fragment):
+    code, out, err = _cli(capsys, args)
+    assert code == 2, out + err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_fit_rejects_a_run_without_samples(tmp_path, capsys):
+    run = write_synthetic_run(tmp_path / "r", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]},
+                              write_points=False)
+    (run / "samples.parquet").unlink()
+    _expect_usage_error(capsys, ["fit", str(run), "--out", str(tmp_path / "c.json")], "no samples")
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("name", ["samples.parquet", "summary.parquet"])
+def test_fit_rejects_corrupt_or_truncated_parquet(tmp_path, capsys, name):
+    run = write_synthetic_run(tmp_path / "r", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]})
+    data = (run / name).read_bytes()
+    (run / name).write_bytes(data[: len(data) // 2])
+    _expect_usage_error(capsys, ["fit", str(run), "--out", str(tmp_path / "c.json")], "corrupt or truncated")
+
+
+def test_fit_and_predict_usage_errors(tmp_path, capsys, run_dir):
+    _expect_usage_error(capsys, ["fit", str(tmp_path), "--out", str(tmp_path / "c.json")], "no run.json")
+    _expect_usage_error(capsys, ["predict", str(tmp_path / "none.json"), "--op", "allreduce", "--link", "inter",
+                         "--procs", "2", "--bytes", "1M"], "cannot read")
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(synthetic_calibration({("allreduce", "inter"): (1e-6, 1e-9)})))
+    _expect_usage_error(capsys, ["predict", str(cal), "--op", "allreduce", "--link", "inter", "--procs", "2",
+                         "--bytes", "lots"], "malformed size")
+    _expect_usage_error(capsys, ["predict", str(cal), "--op", "alltoall", "--link", "inter", "--procs", "2",
+                         "--bytes", "1M"], "no model for alltoall")
