@@ -30,17 +30,18 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
     def text(*keys):
         for k in keys:
             if meta.get(k) not in (None, ""):
-                v = meta[k]
-                return v if isinstance(v, str) else str(v)
+                return str(meta[k]).replace("\x00", "").strip()
         return "unknown"
 
     hosts = meta.get("hosts") or []
     if isinstance(hosts, dict):
         hosts = list(hosts)
-    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
-    return {"run_id": run_id, "dir": str(run_dir), "date": text("started_utc", "date", "started", "created_utc"),
-            "machine": text("machine", "hostname", "cluster"), "hosts": [str(h) for h in hosts],
-            "mpi_library": text("mpi_library", "mpi_library_version", "mpi_vendor"),
+    versions = dict(meta.get("versions")) if isinstance(meta.get("versions"), dict) else {}
+    if meta.get("mpi_standard_version"):
+        versions["mpi_standard"] = meta["mpi_standard_version"]
+    return {"run_id": run_id, "dir": str(run_dir), "date": text("start_time", "started_utc", "date"),
+            "machine": text("machine", "hostname"), "hosts": [str(h) for h in hosts],
+            "mpi_library": text("mpi_library_version", "mpi_library"),
             "versions": {str(k): str(v) for k, v in versions.items()}}
 
 

@@ -189,8 +189,8 @@ def write_synthetic_run(out_dir, models: dict, procs: dict[str, list[int]], size
     hosts = [f"node{k}" for k in range(max(max(link_shape(l, p)[0] for p in ps) for l, ps in procs.items()))]
     atomic_write_json(out / "run.json", {
         "schema": records.RUN_SCHEMA, "version": records.RUN_SCHEMA_VERSION, "run_id": run_id, "backend": backend,
-        "started_utc": datetime.now(timezone.utc).isoformat(), "machine": "synthetic", "hosts": hosts,
-        "mpi_library": "synthetic MPI 0.0", "versions": {"commcal": "synthetic"}})
+        "start_time": datetime.now(timezone.utc).isoformat(), "machine": "synthetic", "hosts": hosts,
+        "mpi_library_version": "synthetic MPI 0.0", "versions": {"commcal": "synthetic"}})
     if write_points:
         for row, frame in zip(rows, frames):
             atomic_write(out / "points" / f"{row['point_id']}.parquet", frame.to_parquet)
