@@ -1,0 +1,180 @@
+"""The report's calibration section, read from a calibration's validated `.data` (calib/calibration.schema.json):
+alpha/beta tables and heatmap, held-out error per operation, the fit's warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.colors import LogNorm
+
+from microbench.sizes import format_size
+from reports.document import Note, Section, Table, Text
+from reports.plotting import COLORS, GB, US, log_values, new_figure, save_figure
+
+HELDOUT_LABEL = "held-out |relative error| (%)"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _us(x: float) -> str:
+    return f"{x * US:.3g}"
+
+
+def _gbps(beta: float) -> str:
+    """Bandwidth 1/beta in GB/s; beta <= 0 has no bandwidth."""
+    return f"{1 / beta / GB:.3g}" if beta > 0 else "∞"
+
+
+def models(data: dict) -> list[tuple[str, str, dict]]:
+    """(op, link, model) for every fitted model, in file order."""
+    return [(op, link, m) for op, by_link in data["models"].items() for link, m in by_link.items()]
+
+
+def alpha_beta_table(data: dict) -> Table:
+    rows = []
+    for op, link, m in models(data):
+        h = m["heldout"]
+        rows.append((op, link, m["algorithm"], _us(m["alpha_s"]),
+                     f"{_us(m['alpha_ci95_s'][0])} – {_us(m['alpha_ci95_s'][1])}",
+                     _gbps(m["beta_s_per_byte"]),
+                     f"{_gbps(m['beta_ci95_s_per_byte'][1])} – {_gbps(m['beta_ci95_s_per_byte'][0])}",
+                     str(len(m["segments"])), ", ".join(map(str, m["procs_measured"])),
+                     _pct(h["median_abs_rel_err"]), _pct(h["p90_abs_rel_err"])))
+    return Table("Alpha/beta per operation and link class (first segment; bandwidth = 1/beta)",
+                 ("operation", "link", "algorithm", "alpha (µs)", "alpha 95% CI (µs)", "1/beta (GB/s)",
+                  "1/beta 95% CI (GB/s)", "segments", "procs measured", "held-out median |err|",
+                  "held-out p90 |err|"), tuple(rows))
+
+
+def segments_table(data: dict) -> Table:
+    rows = [(op, link, str(k + 1), f"{format_size(s['min_bytes'])}–{format_size(s['max_bytes'])}",
+             _us(s["alpha_s"]), _gbps(s["beta_s_per_byte"]), f"{s['r2']:.4f}", str(s["n_points"]))
+            for op, link, m in models(data) for k, s in enumerate(m["segments"])]
+    return Table("Model segments", ("operation", "link", "segment", "sizes", "alpha (µs)", "1/beta (GB/s)", "R²",
+                                    "points"), tuple(rows))
+
+
+def p2p_table(data: dict) -> Table:
+    rows = [(op, link, _us(v["alpha_s"]), _gbps(v["beta_s_per_byte"]))
+            for op, by_link in data["p2p"].items() for link, v in by_link.items()]
+    return Table("Point-to-point alpha and bandwidth", ("operation", "link", "alpha (µs)", "1/beta (GB/s)"),
+                 tuple(rows))
+
+
+def compute_table(data: dict) -> Table:
+    rows = [(dtype, f"{v['flops_per_s'] / GB:.1f}", f"{v['peak_flops_per_s'] / GB:.1f}",
+             format_size(v["saturation_bytes"]), str(v["n_points"]))
+            for dtype, v in data["compute"]["gemm"].items()]
+    return Table("GEMM rate", ("dtype", "rate (GFLOP/s)", "peak (GFLOP/s)", "saturates at", "points"), tuple(rows))
+
+
+def link_table(data: dict) -> Table:
+    rows = [(name, lc["meaning"], str(lc["nodes"]), str(lc["ranks_per_node"]), ", ".join(map(str, lc["procs"])))
+            for name, lc in data["link_classes"].items()]
+    return Table("Link classes", ("link", "meaning", "nodes", "ranks per node", "procs"), tuple(rows))
+
+
+def runs_table(data: dict) -> Table:
+    rows = [(r["run_id"], r["date"], r["machine"], ", ".join(r["hosts"]), r["mpi_library"],
+             ", ".join(f"{k} {v}" for k, v in r["versions"].items())) for r in data["provenance"]["runs"]]
+    return Table("Runs the calibration was fitted on", ("run", "date", "machine", "hosts", "MPI library",
+                                                       "versions"), tuple(rows))
+
+
+def warnings(data: dict) -> list[str]:
+    """The file's own warnings, then each model's, prefixed with op/link."""
+    return [*data["warnings"], *(f"{op}/{link}: {w}" for op, link, m in models(data) for w in m["warnings"])]
+
+
+def grid(data: dict, value) -> tuple[list[str], list[str], np.ndarray]:
+    """(ops, links, values[op, link]) with NaN where the calibration has no model."""
+    ops = list(data["models"])
+    links = list(dict.fromkeys(link for _, link, _ in models(data)))
+    vals = np.full((len(ops), len(links)), np.nan)
+    for op, link, m in models(data):
+        vals[ops.index(op), links.index(link)] = value(m)
+    return ops, links, vals
+
+
+def alpha_beta_heatmap(data: dict):
+    """Two heatmaps over operations x link classes: alpha in µs and bandwidth 1/beta in GB/s (log colour)."""
+    fig, axes = new_figure(11, 0.9 + 0.45 * max(3, len(data["models"])), ncols=2)
+    for ax, (title, unit, value, cmap) in zip(axes, (
+            ("alpha (latency term)", "µs", lambda m: m["alpha_s"] * US, "viridis_r"),
+            ("1/beta (bandwidth term)", "GB/s", lambda m: 1 / m["beta_s_per_byte"] / GB
+             if m["beta_s_per_byte"] > 0 else np.nan, "viridis"))):
+        ops, links, vals = grid(data, value)
+        positive = vals[np.isfinite(vals) & (vals > 0)]
+        norm = LogNorm(positive.min(), max(positive.max(), positive.min() * 1.01)) if positive.size else None
+        image = ax.imshow(np.where(vals > 0, vals, np.nan), cmap=cmap, norm=norm, aspect="auto")
+        ax.grid(False)
+        ax.set_xticks(range(len(links)), links)
+        ax.set_yticks(range(len(ops)), ops)
+        ax.set_xlabel("link class")
+        ax.set_ylabel("operation")
+        ax.set_title(f"{title} ({unit})")
+        for (i, j), v in np.ndenumerate(vals):
+            ax.text(j, i, "–" if np.isnan(v) else f"{v:.3g}", ha="center", va="center", fontsize=8,
+                    color="black", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.7))
+        bar = fig.colorbar(image, ax=ax, label=unit)
+        if norm is not None:
+            log_values(bar.ax.yaxis)
+    fig.suptitle("Fitted alpha and bandwidth by operation and link class", fontsize=12)
+    return fig
+
+
+def heldout_figure(data: dict):
+    """Grouped bars per operation, one per link class: cross-validated median |relative error|, p90 as a tick."""
+    ops, links, med = grid(data, lambda m: np.nan if m["heldout"]["median_abs_rel_err"] is None
+                           else 100 * m["heldout"]["median_abs_rel_err"])
+    _, _, p90 = grid(data, lambda m: np.nan if m["heldout"]["p90_abs_rel_err"] is None
+                     else 100 * m["heldout"]["p90_abs_rel_err"])
+    fig, (ax,) = new_figure(max(6.0, 1.1 * len(ops) + 2), 4.2)
+    width = 0.8 / len(links)
+    x = np.arange(len(ops))
+    for j, link in enumerate(links):
+        pos = x - 0.4 + width * (j + 0.5)
+        ax.bar(pos, med[:, j], width * 0.9, color=COLORS[j % len(COLORS)], label=f"{link}: median")
+        ax.plot(pos, p90[:, j], linestyle="none", marker="_", markersize=14, markeredgewidth=2,
+                color=COLORS[j % len(COLORS)], label=f"{link}: p90")
+    target = data["fit"]["target_median_abs_rel_err"]
+    ax.axhline(100 * target, color="crimson", linestyle=":", label=f"target median ({100 * target:.0f}%)")
+    ax.set_xticks(x, ops, rotation=20)
+    ax.set_xlabel("operation")
+    ax.set_ylabel(HELDOUT_LABEL)
+    ax.set_title(f"Held-out error per operation ({data['fit']['folds']}-fold cross-validation)")
+    ax.legend(fontsize=8, ncols=2, loc="upper left")
+    return fig
+
+
+def section(cal, root: Path) -> Section:
+    title = "Calibration"
+    if cal is None:
+        return Section("calibration", title, (Note("No calibration given (--calibration CAL): no alpha/beta "
+                                                   "tables, held-out errors or fit warnings."),))
+    data = cal.data
+    fit = data["fit"]
+    blocks = [Text(f"Calibration {cal.path or ''} for backend {data['backend']}, created {data['created_utc']} "
+                   f"by commcal {fit['commcal_version']}: {fit['method']} fit, up to {fit['max_segments']} "
+                   f"segment(s) per model, {fit['folds']}-fold held-out validation."),
+              runs_table(data), link_table(data)]
+    notes = warnings(data)
+    blocks += [Note(w, "warning") for w in notes] or [Note("The fit raised no warnings.")]
+    if not data["models"]:
+        return Section("calibration", title, (*blocks, Note("The calibration holds no collective models.")))
+    blocks += [alpha_beta_table(data),
+               save_figure(alpha_beta_heatmap(data), root, "alpha-beta-heatmap", "Alpha and bandwidth heatmap",
+                           "Fitted alpha (left, µs) and bandwidth 1/beta (right, GB/s) of each operation's first "
+                           "model segment per link class; – marks a combination the calibration does not model."),
+               save_figure(heldout_figure(data), root, "heldout-error", "Held-out error per operation",
+                           "Median absolute relative error of the model on sizes held out of the fit (bars) and "
+                           "its 90th percentile (ticks), against the fit's target (dotted)."),
+               segments_table(data)]
+    if data["p2p"]:
+        blocks.append(p2p_table(data))
+    if data["compute"]["gemm"]:
+        blocks.append(compute_table(data))
+    return Section("calibration", title, tuple(blocks))

@@ -1,0 +1,54 @@
+"""Where the numbers came from: each run's run.json, flattened into readable tables, and the report's own versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from importlib import metadata
+
+from reports.document import Table
+
+ENV_KEYS = ("env", "environment")
+"""run.json members holding environment variables; shown in a table of their own."""
+SKIP = ("schema", "version", "layout")
+"""run.json members not shown: the format's own tag, and the per-rank host list (ranks_per_node says it shorter)."""
+
+
+def flatten(obj, prefix: str = "") -> dict[str, str]:
+    """{'mpi': {'library': 'Open MPI'}} -> {'mpi.library': 'Open MPI'}; lists of scalars joined by commas."""
+    if isinstance(obj, dict):
+        out: dict[str, str] = {}
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(obj, list) and all(not isinstance(v, (dict, list)) for v in obj):
+        return {prefix[:-1]: ", ".join(map(str, obj))}
+    if isinstance(obj, list):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(flatten(v, f"{prefix}{i}."))
+        return out
+    return {prefix[:-1]: str(obj)}
+
+
+def run_tables(name: str, meta: dict) -> list[Table]:
+    """One key/value table of the run's provenance, and one of its recorded environment if it has one."""
+    body = {k: v for k, v in meta.items() if k not in ENV_KEYS and k not in SKIP}
+    tables = [Table(f"Run {name}", ("field", "value"), tuple(flatten(body).items()))]
+    for key in ENV_KEYS:
+        if isinstance(meta.get(key), dict) and meta[key]:
+            tables.append(Table(f"Run {name}: environment", ("variable", "value"),
+                                tuple(flatten(meta[key]).items())))
+    return tables
+
+
+def report_versions() -> Table:
+    """The software that drew this report, and when."""
+    rows = [("date", dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+            ("host", platform.node()), ("python", platform.python_version())]
+    for dist in ("commcal", "numpy", "pandas", "matplotlib"):
+        try:
+            rows.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            rows.append((dist, "not installed"))
+    return Table("This report", ("field", "value"), tuple(rows))

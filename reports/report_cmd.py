@@ -1,0 +1,60 @@
+"""`commcal report`: figures plus one HTML page and one Markdown file from runs, a calibration and a validation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from microbench.errors import UsageError
+from calib.calibration import load_calibration
+from reports import calibration_view, measurements, provenance, validation_view
+from reports.document import Document, Section
+from reports.output import publish_text
+from reports.render import to_html, to_markdown
+from reports.runs import load_runs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", action="append", default=[], metavar="DIR",
+                        help="a sweep run directory (repeatable)")
+    parser.add_argument("--calibration", metavar="CAL", help="a calibration JSON from `commcal fit`")
+    parser.add_argument("--validation", metavar="DIR", help="a validation directory from `commcal validate`")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="where report.html, report.md and figures/ go")
+    parser.add_argument("--title", default="commcal report", help="the report's title")
+
+
+def build(runs_dirs: list[str], cal_path: str | None, validation_dir: str | None, out: Path,
+          title: str = "commcal report") -> Document:
+    """Read every input (failing fast on corrupt ones), draw the figures under `out`, return the document."""
+    if not (runs_dirs or cal_path or validation_dir):
+        raise UsageError("nothing to report: give --run DIR, --calibration CAL and/or --validation DIR")
+    runs = load_runs(runs_dirs) if runs_dirs else None
+    cal = load_calibration(cal_path) if cal_path else None
+    val = validation_view.load_validation(validation_dir) if validation_dir else None
+    prov = [provenance.report_versions()]
+    if runs is not None:
+        for run in runs.runs:
+            prov += provenance.run_tables(run.path.name, run.meta)
+    sections = [Section("provenance", "Provenance", tuple(prov)),
+                measurements.section(runs, cal, out), calibration_view.section(cal, out),
+                validation_view.section(val, out)]
+    inputs = ", ".join([*(f"run {d}" for d in runs_dirs), *([f"calibration {cal_path}"] if cal_path else []),
+                        *([f"validation {validation_dir}"] if validation_dir else [])])
+    return Document(title, f"Built from {inputs}.", tuple(sections))
+
+
+def write(doc: Document, out: Path) -> tuple[Path, Path]:
+    """report.html (figures embedded) and report.md (figures beside it), each written atomically."""
+    html = publish_text(out / "report.html", to_html(doc, out))
+    md = publish_text(out / "report.md", to_markdown(doc))
+    return html, md
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    doc = build(args.run, args.calibration, args.validation, out, args.title)
+    html, md = write(doc, out)
+    print(f"wrote {html} and {md}")
+    return 0

@@ -1,0 +1,160 @@
+"""commcal report: built from small fixture runs; files, figure contents, HTML sections, missing and corrupt inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from microbench.cli import main
+from microbench.errors import UsageError
+from calib.calibration import load_calibration
+from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
+from reports import report_cmd
+from reports.curves import BUSBW_LABEL, LATENCY_LABEL, RESIDUAL_LABEL, measured_figure
+from reports.runs import load_runs
+
+SIZES = tuple(2 ** k for k in range(3, 23, 2))
+TRUTH = {("allreduce", "intra"): TrueModel((Segment(8192, 4e-6, 2e-10), Segment(math.inf, 1.5e-5, 1e-10))),
+         ("allreduce", "inter"): (2e-5, 1e-9),
+         ("pingpong", "intra"): (1e-6, 1e-10)}
+LINKS = {"intra": [2, 4], "inter": [2, 4]}
+
+
+def write_validation(path: Path, with_summary: bool = True, fmt: str = "parquet") -> Path:
+    """A validation directory per reports/validation_view.py: two layers of three strategies each."""
+    path.mkdir(parents=True)
+    rows = [dict(layer=layer, strategy=s, predicted_s=p, measured_s=m, predicted_comm_s=p / 2, measured_comm_s=m / 3,
+                 measured_ci_low_s=m * 0.97, measured_ci_high_s=m * 1.03)
+            for layer, strategies in (("mlp.fc1", (("S(0)", 3e-3, 3.3e-3), ("S(1)", 2e-3, 2.6e-3), ("B", 5e-3, 4e-3))),
+                                      ("attn.qkv", (("S(0)", 1e-3, 1.4e-3), ("P", 1.6e-3, 1.2e-3))))
+            for s, p, m in strategies]
+    frame = pd.DataFrame(rows)
+    if fmt == "parquet":
+        frame.to_parquet(path / "strategies.parquet")
+    else:
+        frame.drop(columns=["measured_ci_low_s", "measured_ci_high_s"]).to_csv(path / "strategies.csv", index=False)
+    if with_summary:
+        (path / "summary.json").write_text(json.dumps({
+            "calibration": "cal.json", "layers": 2,
+            "metrics": {"kendall_tau": {"value": 0.6, "ci95": [0.2, 0.9]}, "top1": {"value": 0.5, "ci95": [0.0, 1.0]},
+                        "regret": {"value": 0.08, "ci95": [0.0, 0.17]}, "mean_accuracy": {"value": 0.75, "ci95": None}}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    """A synthetic run, a calibration of the same truth (with held-out errors filled in), a validation dir."""
+    root = tmp_path_factory.mktemp("inputs")
+    run = write_synthetic_run(root / "r1", TRUTH, LINKS, sizes=SIZES, samples=9, gemm={"float32": 5e10})
+    data = synthetic_calibration(TRUTH, LINKS, gemm={"float32": 5e10}, sizes=SIZES)
+    for i, by_link in enumerate(data["models"].values()):
+        for j, m in enumerate(by_link.values()):
+            m["heldout"].update(median_abs_rel_err=0.02 * (i + j + 1), p90_abs_rel_err=0.05 * (i + j + 1))
+    cal = root / "cal.json"
+    cal.write_text(json.dumps(data))
+    return {"run": run, "cal": cal, "validation": write_validation(root / "val")}
+
+
+def _labels(ax) -> list[str]:
+    legend = ax.get_legend()
+    return [t.get_text() for t in legend.get_texts()] if legend else []
+
+
+def _by_label(fig, label: str):
+    return next(ax for ax in fig.axes if ax.get_ylabel() == label)
+
+
+def test_measured_figure_has_labelled_log_axes_and_one_series_per_procs(inputs):
+    runs = load_runs([inputs["run"]])
+    fig = measured_figure(runs, "allreduce", "intra")
+    lat, bw = fig.axes
+    assert lat.get_ylabel() == LATENCY_LABEL and bw.get_ylabel() == BUSBW_LABEL
+    assert "size" in lat.get_xlabel() and lat.get_xscale() == "log" and lat.get_yscale() == "log"
+    assert _labels(lat) == ["p=2", "p=4"]
+    # the plotted points are the run's: busbw = size * 2(p-1)/p / median, in GB/s
+    rows = runs.summary.query("op == 'allreduce' and link == 'intra' and procs == 4")
+    ys = [line.get_ydata() for line in bw.get_lines() if len(line.get_xdata()) == len(rows)]
+    assert any(np.allclose(y, rows["busbw_Bps"].to_numpy() / 1e9) for y in ys)
+
+
+def test_measured_figure_overlays_the_calibration_and_its_residuals(inputs):
+    runs, cal = load_runs([inputs["run"]]), load_calibration(inputs["cal"])
+    fig = measured_figure(runs, "allreduce", "intra", cal)
+    lat, res = _by_label(fig, LATENCY_LABEL), _by_label(fig, RESIDUAL_LABEL)
+    assert {"p=2", "p=4", "fitted model (band: 95% PI)", "model, extrapolated"} <= set(_labels(lat))
+    assert [t.get_text() for t in lat.texts] == ["seg 1", "seg 2"]   # two fitted segments, both shaded
+    model = [line for line in lat.get_lines() if line.get_label() == "_model"]
+    assert len(model) == 2   # one model line per process count
+    x, y = model[1].get_xdata(), model[1].get_ydata()
+    inside = np.isfinite(y)
+    assert np.allclose(y[inside], cal.predict_seconds("allreduce", "intra", 4, x[inside]) * 1e6)
+    # the synthetic run is the calibration's truth plus 1% noise: residuals are small but not all zero
+    resid = np.concatenate([line.get_ydata() for line in res.get_lines() if len(line.get_xdata()) == len(SIZES)])
+    assert np.abs(resid).max() < 10 and np.abs(resid).max() > 0.01
+
+
+def test_full_report_writes_every_file_and_names_every_section(inputs, tmp_path):
+    out = tmp_path / "rep"
+    assert main(["report", "--run", str(inputs["run"]), "--calibration", str(inputs["cal"]),
+                 "--validation", str(inputs["validation"]), "--out", str(out)]) == 0
+    figures = ["measured-allreduce-intra", "measured-allreduce-inter", "measured-pingpong-intra",
+               "measured-gemm-intra", "alpha-beta-heatmap", "heldout-error", "ranking-accuracy",
+               "validation-bars", "validation-scatter"]
+    for name in ["report.html", "report.md", *(f"figures/{f}.{ext}" for f in figures for ext in ("png", "svg"))]:
+        assert (out / name).stat().st_size > 0, name
+    html = (out / "report.html").read_text()
+    for title in ("Provenance", "Measurements", "Calibration", "Validation"):
+        assert f"<h2>{title}</h2>" in html and f"## {title}" in (out / "report.md").read_text()
+    assert html.count("data:image/png;base64,") == len(figures)
+    assert "synthetic MPI 0.0" in html                        # provenance of the run
+    assert "synthetic calibration, not fitted" in html        # the fit's warnings
+    assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html  # the validation summary
+    assert "No calibration given" not in html and "No validation given" not in html
+
+
+def test_missing_inputs_leave_a_note_not_a_crash(inputs, tmp_path):
+    out = tmp_path / "rep"
+    assert main(["report", "--run", str(inputs["run"]), "--out", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert "No calibration given" in html and "No validation given" in html
+    assert not (out / "figures" / "alpha-beta-heatmap.png").exists()
+    assert "Residuals" not in html
+    only_val = tmp_path / "val-only"
+    assert main(["report", "--validation", str(write_validation(tmp_path / "v", with_summary=False, fmt="csv")),
+                 "--out", str(only_val)]) == 0
+    html = (only_val / "report.html").read_text()
+    assert "No sweep run given" in html and "no ranking metrics" in html
+    assert "measured_ci_low_s" in html   # the optional columns it lacks are named
+
+
+def test_nothing_to_report_and_corrupt_inputs_are_one_line_usage_errors(inputs, tmp_path, capsys):
+    bad_run = tmp_path / "bad"
+    shutil.copytree(inputs["run"], bad_run)
+    (bad_run / "summary.parquet").write_bytes(b"PAR1 not really")
+    bad_cal = tmp_path / "cal.json"
+    bad_cal.write_text(inputs["cal"].read_text()[:-20])
+    bad_val = write_validation(tmp_path / "val")
+    (bad_val / "summary.json").write_text('{"metrics": {"top1": {"value": "high"}}}')
+    cases = [[], ["--run", str(bad_run)], ["--calibration", str(bad_cal)], ["--validation", str(bad_val)],
+             ["--validation", str(tmp_path)]]
+    for args in cases:
+        assert main(["report", *args, "--out", str(tmp_path / "out")]) == 2, args
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == len(cases) and "Traceback" not in "".join(err)
+    assert "nothing to report" in err[0] and "corrupt" in err[1] and "not valid JSON" in err[2]
+    assert "metrics.top1.value" in err[3] and "not a validation directory" in err[4]
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_run_missing_columns_is_a_usage_error(inputs, tmp_path):
+    bad = tmp_path / "thin"
+    shutil.copytree(inputs["run"], bad)
+    pd.read_parquet(bad / "summary.parquet").drop(columns=["median_s"]).to_parquet(bad / "summary.parquet")
+    with pytest.raises(UsageError, match="median_s"):
+        report_cmd.build([str(bad)], None, None, tmp_path / "out")
