@@ -104,8 +104,10 @@ cmd_up() {
     die "the root namespace already routes $SUBNET.0/24; refusing to shadow it"
   fi
   NODES_UP=$nodes CPUS_UP=$cpus
-  # From here on, any failure tears down what was started.
-  trap 'log "up failed; tearing down"; cmd_down >/dev/null 2>&1 || true' ERR
+  # From here on, any failure (or interruption) tears down what was started.
+  UP_DONE=0
+  trap 'if [ "$UP_DONE" = 0 ]; then log "up failed; tearing down"; cmd_down >/dev/null 2>&1 || true; fi' EXIT
+  trap 'exit 130' INT TERM
   mkdir -p "$D"/{pids,log,run,spool,tmp,bin,munge}
   chmod 755 "$D"
   cat >"$D/state.env" <<EOF
@@ -156,7 +158,7 @@ EOF
   if [ $slurm = 1 ]; then
     start_slurm
   fi
-  trap - ERR
+  UP_DONE=1
   log "up: $nodes nodes (node1..node$nodes), ${rate:-no} rate limit, $cpus CPUs each, slurm=$slurm, state in $D"
   log "try: slurm/cluster.sh sbatch --wrap hostname   or   eval \"\$(slurm/cluster.sh env)\"; sinfo"
 }
@@ -167,7 +169,7 @@ tune_ns() {  # tune_ns NETNS DEV: steadier TCP on a shared, busy machine (best e
   local mask; mask=$(printf '%x' $(( (1 << ($(nproc) < 31 ? $(nproc) : 31)) - 1 )))
   ip netns exec "$1" sh -c "echo $mask > /sys/class/net/$2/queues/rx-0/rps_cpus" 2>/dev/null || true
   # A ping-pong leaves the link idle between messages: keep the congestion window.
-  ip netns exec "$1" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 2>/dev/null || true
+  ip netns exec "$1" sh -c 'echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle' 2>/dev/null || true
 }
 
 start_anchor() {  # start_anchor NAME NETNS

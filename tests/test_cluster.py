@@ -116,6 +116,9 @@ def test_nodes_have_their_own_hostnames_and_addresses(cluster):
     # the root namespace cannot reach the cluster's subnet: traffic never leaves the machine
     route = subprocess.run(["ip", "route", "get", "10.77.0.1"], capture_output=True, text=True)
     assert route.returncode != 0 or "unreachable" in route.stdout
+    # a second `up` refuses and leaves the running cluster alone
+    again = cluster.run("up", check=False)
+    assert again.returncode != 0 and "already up" in again.stderr, again
     status = cluster.run("status").stdout
     assert "slurmctld: running" in status and "slurmd-node2: running" in status, status
 
@@ -123,6 +126,10 @@ def test_nodes_have_their_own_hostnames_and_addresses(cluster):
 def test_srun_and_sbatch_reach_both_nodes(cluster):
     out = cluster.run("srun", "-N2", "-n2", "hostname", timeout=60).stdout.split()
     assert sorted(out) == list(NODES)
+    # the generated wrappers work from the host side as plain commands (PATH=$state/bin:$PATH)
+    wrapper = subprocess.run([str(cluster.state / "bin" / "sinfo"), "-h", "-N", "-o", "%N %T"], env=cluster.env,
+                             capture_output=True, text=True, timeout=60)
+    assert wrapper.returncode == 0 and sorted(wrapper.stdout.split()) == ["idle", "idle", *NODES], wrapper
     job = cluster.sbatch("-N2", "--ntasks-per-node=1", "-o", "hello-%j.out", "--wrap", "srun hostname")
     t0 = time.monotonic()
     ok, text = cluster.wait(job, 60)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=commcal-validate
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --time=00:30:00
+#SBATCH --output=commcal-validate-%j.out
+#
+# commcal's strategy-ranking validation on a Slurm cluster: run real SBP-sharded strategies across
+# the allocation and score how well this machine's calibration ranks them.
+#
+#   sbatch slurm/validate.sh                      uses the newest calibration slurm/sweep.sh wrote
+#   COMMCAL_CALIBRATION=cal.json sbatch slurm/validate.sh
+#
+# The #SBATCH lines above are defaults; options on the sbatch command line override them.
+# Knobs (environment variables):
+#   COMMCAL_OUT_DIR       results directory (default: $SLURM_SUBMIT_DIR/commcal-out)
+#   COMMCAL_CALIBRATION   calibration file (default: the newest $COMMCAL_OUT_DIR/CLUSTER-*.json)
+#   COMMCAL_VALIDATE_OUT  validation output (default: $COMMCAL_OUT_DIR/validate-CLUSTER-YYYY-MM-DD)
+#   COMMCAL_VALIDATE_ARGS more `commcal validate` arguments, verbatim
+#   COMMCAL_LAUNCHER      srun (default; --mpi=$COMMCAL_SRUN_MPI, pmix unless set) | mpirun
+#   COMMCAL               the commcal command (default: `commcal` on PATH, else
+#                         $SLURM_SUBMIT_DIR/.venv/bin/commcal)
+# Exit status: non-zero, with a line starting "commcal-validate: FAILED", when a step fails.
+set -euo pipefail
+
+say() { printf 'commcal-validate: %s\n' "$*"; }
+fail() { printf 'commcal-validate: FAILED: %s\n' "$1" >&2; exit "${2:-1}"; }
+
+[ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job: submit with sbatch slurm/validate.sh" 2
+cd "${SLURM_SUBMIT_DIR:-$PWD}"
+
+if [ -n "${COMMCAL:-}" ]; then
+  read -r -a COMMCAL_CMD <<<"$COMMCAL"
+elif command -v commcal >/dev/null 2>&1; then
+  COMMCAL_CMD=(commcal)
+elif [ -x "$SLURM_SUBMIT_DIR/.venv/bin/commcal" ]; then
+  COMMCAL_CMD=("$SLURM_SUBMIT_DIR/.venv/bin/commcal")
+  export PATH="$SLURM_SUBMIT_DIR/.venv/bin:$PATH"
+else
+  fail "no commcal command: activate the virtual environment before sbatch, or set COMMCAL" 2
+fi
+"${COMMCAL_CMD[@]}" validate --help >/dev/null 2>&1 \
+  || fail "this commcal has no working 'validate' subcommand yet" 2
+
+cluster=${SLURM_CLUSTER_NAME:-$(hostname -s)}
+ntasks=${SLURM_NTASKS:-}
+[ -n "$ntasks" ] || fail "SLURM_NTASKS is not set: give the job a task count (-n or --ntasks-per-node)" 2
+out_dir=${COMMCAL_OUT_DIR:-$SLURM_SUBMIT_DIR/commcal-out}
+calibration=${COMMCAL_CALIBRATION:-}
+if [ -z "$calibration" ]; then
+  calibration=$(ls -1t "$out_dir/$cluster"-*.json 2>/dev/null | head -n 1 || true)
+  [ -n "$calibration" ] || fail "no calibration in $out_dir for $cluster: run slurm/sweep.sh first or set COMMCAL_CALIBRATION" 2
+fi
+[ -f "$calibration" ] || fail "calibration $calibration does not exist" 2
+vout=${COMMCAL_VALIDATE_OUT:-$out_dir/validate-$cluster-$(date +%Y-%m-%d)}
+mkdir -p "$vout"
+
+export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
+export PYTHONUNBUFFERED=1
+case ${COMMCAL_LAUNCHER:-srun} in
+  srun) launch=(srun --mpi="${COMMCAL_SRUN_MPI:-pmix}" --ntasks="$ntasks" --kill-on-bad-exit=1) ;;
+  mpirun) launch=(mpirun -n "$ntasks" --bind-to none)
+          [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ;;
+  *) fail "COMMCAL_LAUNCHER must be srun or mpirun, not '${COMMCAL_LAUNCHER}'" 2 ;;
+esac
+extra=()
+if [ -n "${COMMCAL_VALIDATE_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_VALIDATE_ARGS"; fi
+
+say "job $SLURM_JOB_ID on $cluster: ${SLURM_JOB_NUM_NODES:-?} node(s), $ntasks tasks; calibration $calibration"
+say "${launch[*]} ${COMMCAL_CMD[*]} validate --calibration $calibration --out $vout ${extra[*]}"
+set +e
+"${launch[@]}" "${COMMCAL_CMD[@]}" validate --calibration "$calibration" --out "$vout" "${extra[@]}"
+rc=$?
+set -e
+[ $rc -eq 0 ] || fail "commcal validate exited $rc; the error is above" "$rc"
+say "done: $vout"
