@@ -15,7 +15,7 @@ from microbench.cli import main
 from microbench.errors import UsageError
 from calib.calibration import load_calibration
 from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
-from reports import report_cmd
+from reports import calibration_view, report_cmd, validation_view
 from reports.curves import BUSBW_LABEL, LATENCY_LABEL, RESIDUAL_LABEL, measured_figure
 from reports.runs import load_runs
 
@@ -61,9 +61,16 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     return {"run": run, "cal": cal, "validation": write_validation(root / "val")}
 
 
-def _labels(ax) -> list[str]:
-    legend = ax.get_legend()
-    return [t.get_text() for t in legend.get_texts()] if legend else []
+@pytest.fixture(scope="module")
+def full_report(inputs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "rep"
+    assert main(["report", "--run", str(inputs["run"]), "--calibration", str(inputs["cal"]),
+                 "--validation", str(inputs["validation"]), "--out", str(out)]) == 0
+    return out
+
+
+def _legend(fig) -> list[str]:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
 
 
 def _by_label(fig, label: str):
@@ -76,7 +83,7 @@ def test_measured_figure_has_labelled_log_axes_and_one_series_per_procs(inputs):
     lat, bw = fig.axes
     assert lat.get_ylabel() == LATENCY_LABEL and bw.get_ylabel() == BUSBW_LABEL
     assert "size" in lat.get_xlabel() and lat.get_xscale() == "log" and lat.get_yscale() == "log"
-    assert _labels(lat) == ["p=2", "p=4"]
+    assert _legend(fig) == ["p=2", "p=4"]
     # the plotted points are the run's: busbw = size * 2(p-1)/p / median, in GB/s
     rows = runs.summary.query("op == 'allreduce' and link == 'intra' and procs == 4")
     ys = [line.get_ydata() for line in bw.get_lines() if len(line.get_xdata()) == len(rows)]
@@ -87,7 +94,7 @@ def test_measured_figure_overlays_the_calibration_and_its_residuals(inputs):
     runs, cal = load_runs([inputs["run"]]), load_calibration(inputs["cal"])
     fig = measured_figure(runs, "allreduce", "intra", cal)
     lat, res = _by_label(fig, LATENCY_LABEL), _by_label(fig, RESIDUAL_LABEL)
-    assert {"p=2", "p=4", "fitted model (band: 95% PI)", "model, extrapolated"} <= set(_labels(lat))
+    assert _legend(fig) == ["p=2", "p=4", "fitted model (band: 95% PI)", "model, extrapolated"]
     assert [t.get_text() for t in lat.texts] == ["seg 1", "seg 2"]   # two fitted segments, both shaded
     model = [line for line in lat.get_lines() if line.get_label() == "_model"]
     assert len(model) == 2   # one model line per process count
@@ -96,35 +103,72 @@ def test_measured_figure_overlays_the_calibration_and_its_residuals(inputs):
     assert np.allclose(y[inside], cal.predict_seconds("allreduce", "intra", 4, x[inside]) * 1e6)
     # the synthetic run is the calibration's truth plus 1% noise: residuals are small but not all zero
     resid = np.concatenate([line.get_ydata() for line in res.get_lines() if len(line.get_xdata()) == len(SIZES)])
-    assert np.abs(resid).max() < 10 and np.abs(resid).max() > 0.01
+    assert 0.01 < np.abs(resid).max() < 10
 
 
-def test_full_report_writes_every_file_and_names_every_section(inputs, tmp_path):
-    out = tmp_path / "rep"
-    assert main(["report", "--run", str(inputs["run"]), "--calibration", str(inputs["cal"]),
-                 "--validation", str(inputs["validation"]), "--out", str(out)]) == 0
+def test_calibration_figures_show_every_model(inputs):
+    data = load_calibration(inputs["cal"]).data
+    heat = calibration_view.alpha_beta_heatmap(data)
+    alpha = heat.axes[0]
+    assert [t.get_text() for t in alpha.get_yticklabels()] == ["allreduce", "pingpong"]
+    assert [t.get_text() for t in alpha.get_xticklabels()] == ["intra", "inter"]
+    assert [t.get_text() for t in alpha.texts] == ["4", "20", "1", "–"]   # µs, row by row; no pingpong inter model
+    held = calibration_view.heldout_figure(data)
+    (ax,) = held.axes
+    assert ax.get_ylabel() == calibration_view.HELDOUT_LABEL
+    heights = [p.get_height() for p in ax.patches]
+    assert np.allclose(sorted(h for h in heights if np.isfinite(h)), [2, 4, 4])   # medians in %, from the file
+
+
+def test_validation_figures_pair_bars_sorted_by_measured_time(inputs):
+    val = validation_view.load_validation(inputs["validation"])
+    bars = validation_view.paired_bars_figure(val.strategies)
+    fc1 = next(ax for ax in bars.axes if ax.get_title() == "layer mlp.fc1")
+    assert [t.get_text() for t in fc1.get_xticklabels()] == ["S(1)", "S(0)", "B"]
+    assert fc1.get_ylabel() == validation_view.TIME_LABEL
+    measured = [c for c in fc1.containers if c.get_label() == "measured"][0]
+    assert np.allclose([p.get_height() for p in measured], [2.6, 3.3, 4.0])
+    assert {"measured", "predicted", "measured: communication"} <= set(_legend_of(fc1))
+    scatter = validation_view.scatter_figure(val.strategies)
+    (ax,) = scatter.axes
+    assert "measured" in ax.get_xlabel() and "predicted" in ax.get_ylabel()
+    assert {"layer mlp.fc1", "layer attn.qkv", "y = x"} == set(_legend_of(ax))
+    ranking = validation_view.ranking_figure(val.metrics)
+    assert [ax.get_title() for ax in ranking.axes] == ["Kendall's tau", "top-1 accuracy", "regret of predicted best",
+                                                       "mean pairwise accuracy"]
+
+
+def _legend_of(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_full_report_writes_every_file_and_names_every_section(full_report):
+    out = full_report
     figures = ["measured-allreduce-intra", "measured-allreduce-inter", "measured-pingpong-intra",
                "measured-gemm-intra", "alpha-beta-heatmap", "heldout-error", "ranking-accuracy",
                "validation-bars", "validation-scatter"]
     for name in ["report.html", "report.md", *(f"figures/{f}.{ext}" for f in figures for ext in ("png", "svg"))]:
         assert (out / name).stat().st_size > 0, name
-    html = (out / "report.html").read_text()
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
     for title in ("Provenance", "Measurements", "Calibration", "Validation"):
-        assert f"<h2>{title}</h2>" in html and f"## {title}" in (out / "report.md").read_text()
+        assert f"<h2>{title}</h2>" in html and f"## {title}" in md
     assert html.count("data:image/png;base64,") == len(figures)
-    assert "synthetic MPI 0.0" in html                        # provenance of the run
-    assert "synthetic calibration, not fitted" in html        # the fit's warnings
-    assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html  # the validation summary
+    assert all(f"figures/{f}.png" in md for f in figures)
+    assert "synthetic MPI 0.0" in html                          # provenance of the run
+    assert "synthetic calibration, not fitted" in html          # the fit's warnings
+    assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html    # the validation summary
     assert "No calibration given" not in html and "No validation given" not in html
 
 
-def test_missing_inputs_leave_a_note_not_a_crash(inputs, tmp_path):
+def test_missing_inputs_leave_a_note_not_a_crash(tmp_path):
+    run = write_synthetic_run(tmp_path / "small", {("pingpong", "intra"): (1e-6, 1e-10)}, {"intra": [2]},
+                              sizes=(8, 1024, 65536), samples=5)
     out = tmp_path / "rep"
-    assert main(["report", "--run", str(inputs["run"]), "--out", str(out)]) == 0
+    assert main(["report", "--run", str(run), "--out", str(out)]) == 0
     html = (out / "report.html").read_text()
-    assert "No calibration given" in html and "No validation given" in html
-    assert not (out / "figures" / "alpha-beta-heatmap.png").exists()
-    assert "Residuals" not in html
+    assert "No calibration given" in html and "No validation given" in html and "Residuals" not in html
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["measured-pingpong-intra.png",
+                                                                   "measured-pingpong-intra.svg"]
     only_val = tmp_path / "val-only"
     assert main(["report", "--validation", str(write_validation(tmp_path / "v", with_summary=False, fmt="csv")),
                  "--out", str(only_val)]) == 0
