@@ -119,6 +119,5 @@ def piecewise_terms(alg: Algorithm, bounds: np.ndarray, alpha: np.ndarray, beta:
     return a * alpha[seg] + bn * beta[seg], seg, a, bn
 
 
-def known_names() -> tuple[str, ...]:
+def known_algorithms() -> tuple[str, ...]:
     return tuple(_ALGS)
-

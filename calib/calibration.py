@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from jsonschema import Draft202012Validator
 
-from calib.algorithms import P2P_OPS, algorithm, piecewise_terms, segment_bounds
+from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_terms, segment_bounds
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
@@ -67,6 +67,11 @@ def validate(data: object, where: str = "calibration") -> None:
     if errors:
         first = min(errors, key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
         raise UsageError(f"{where}: {_describe(first)}")
+    for op, by_link in data["models"].items():
+        for link, model in by_link.items():
+            if model["algorithm"] not in known_algorithms():
+                raise UsageError(f"{where}: key 'models.{op}.{link}.algorithm' is {model['algorithm']!r}, "
+                                 f"expected one of {list(known_algorithms())}")
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ def _mutations():
         (put(["extra"], {}), "unknown key 'extra'"),
         (put(["link_classes", "galaxy"], {}), "unknown key 'link_classes.galaxy'"),
         (put(["models", "allreduce", "inter", "procs_measured"], ["2"]), "procs_measured.0"),
+        (put(["models", "allreduce", "inter", "algorithm"], "magic"), "'models.allreduce.inter.algorithm' is 'magic'"),
     ]
 
 
