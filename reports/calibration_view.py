@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 
+from calib.tables import alpha_beta_frame
 from microbench.sizes import format_size
 from reports.document import Note, Section, Table, Text
 from reports.plotting import COLORS, GB, US, log_values, new_figure, save_figure
@@ -49,12 +50,16 @@ def alpha_beta_table(data: dict) -> Table:
                   "held-out p90 |err|"), tuple(rows))
 
 
-def segments_table(data: dict) -> Table:
-    rows = [(op, link, str(k + 1), f"{format_size(s['min_bytes'])}–{format_size(s['max_bytes'])}",
-             _us(s["alpha_s"]), _gbps(s["beta_s_per_byte"]), f"{s['r2']:.4f}", str(s["n_points"]))
-            for op, link, m in models(data) for k, s in enumerate(m["segments"])]
-    return Table("Model segments", ("operation", "link", "segment", "sizes", "alpha (µs)", "1/beta (GB/s)", "R²",
-                                    "points"), tuple(rows))
+def segments_table(cal) -> Table:
+    """Every model segment and every per-process-count Hockney line, from calib's tidy alpha/beta frame."""
+    frame = alpha_beta_frame(cal)
+    rows = tuple((r.table, r.op, r.link, str(r.procs), str(r.segment + 1),
+                  f"{format_size(r.min_bytes)}–{format_size(r.max_bytes)}", _us(r.alpha_s),
+                  f"{_us(r.alpha_ci95_low_s)} – {_us(r.alpha_ci95_high_s)}", _gbps(r.beta_s_per_byte),
+                  f"{r.r2:.4f}", str(r.n_points)) for r in frame.itertuples())
+    return Table("Model segments and Hockney lines per process count", (
+        "table", "operation", "link", "procs", "segment", "sizes", "alpha (µs)", "alpha 95% CI (µs)",
+        "1/beta (GB/s)", "R²", "points"), rows)
 
 
 def p2p_table(data: dict) -> Table:
@@ -172,7 +177,7 @@ def section(cal, root: Path) -> Section:
                save_figure(heldout_figure(data), root, "heldout-error", "Held-out error per operation",
                            "Median absolute relative error of the model on sizes held out of the fit (bars) and "
                            "its 90th percentile (ticks), against the fit's target (dotted)."),
-               segments_table(data)]
+               segments_table(cal)]
     if data["p2p"]:
         blocks.append(p2p_table(data))
     if data["compute"]["gemm"]:

@@ -1,0 +1,68 @@
+"""`commcal diff CAL_A CAL_B`: print what changed between two calibrations; with --out, also a figure, HTML and
+Markdown; with --check, exit 1 when anything changed beyond its CIs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from calib.calibration import load_calibration
+from microbench.errors import UsageError
+from reports import diff
+from reports.document import Document, Note, Section, Text
+from reports.output import publish_text
+from reports.plotting import save_figure
+from reports.render import to_html, to_markdown
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("cal_a", metavar="CAL_A", help="the earlier (reference) calibration JSON")
+    parser.add_argument("cal_b", metavar="CAL_B", help="the later calibration JSON")
+    parser.add_argument("--out", metavar="DIR", help="also write diff.html, diff.md and figures/diff.png/.svg here")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any parameter changed beyond its 95%% CIs")
+
+
+def _text_table(table) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(table.columns, *table.rows)]
+    line = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(table.columns), line(["-" * w for w in widths]), *map(line, table.rows)])
+
+
+def _machines(data: dict) -> set[str]:
+    return {r["machine"] for r in data["provenance"]["runs"]}
+
+
+def document(cal_a, cal_b, items: list[diff.Change], out: Path) -> Document:
+    a, b = cal_a.data, cal_b.data
+    changed = [c for c in items if c.significant]
+    blocks = [Text(f"A: {cal_a.path} (created {a['created_utc']}); B: {cal_b.path} (created {b['created_utc']})."),
+              Note(f"{len(changed)} of {len(items)} parameters changed beyond their 95% CIs: "
+                   + ", ".join(f"{c.subject} {c.parameter}" for c in changed), "warning") if changed
+              else Note("No parameter changed beyond its 95% CIs.")]
+    if _machines(a) != _machines(b):
+        blocks.append(Note(f"A was measured on {sorted(_machines(a)) or 'unknown'}, B on "
+                           f"{sorted(_machines(b)) or 'unknown'}: not the same machine.", "warning"))
+    blocks += [diff.table(items),
+               save_figure(diff.figure(items), out, "diff", "Relative change per parameter",
+                           "Relative change of each model's alpha and bandwidth (and GEMM rate) from A to B; red bars "
+                           "changed beyond the 95% CIs, the grey band is A's own CI.")]
+    return Document("commcal calibration diff", f"{cal_a.path} → {cal_b.path}",
+                    (Section("diff", "What changed", tuple(blocks)),))
+
+
+def run(args: argparse.Namespace) -> int:
+    cal_a, cal_b = load_calibration(args.cal_a), load_calibration(args.cal_b)
+    if cal_a.backend != cal_b.backend:
+        raise UsageError(f"cannot compare backend {cal_a.backend!r} ({args.cal_a}) with {cal_b.backend!r} "
+                         f"({args.cal_b})")
+    items = diff.changes(cal_a.data, cal_b.data)
+    print(_text_table(diff.table(items)))
+    changed = sum(c.significant for c in items)
+    print(f"\n{changed} of {len(items)} parameters changed beyond their 95% CIs")
+    if args.out:
+        out = Path(args.out)
+        doc = document(cal_a, cal_b, items, out)
+        publish_text(out / "diff.html", to_html(doc, out))
+        publish_text(out / "diff.md", to_markdown(doc))
+        print(f"wrote {out / 'diff.html'} and {out / 'diff.md'}")
+    return 1 if args.check and changed else 0

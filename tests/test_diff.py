@@ -1,0 +1,95 @@
+"""commcal diff: a degraded link and a changed algorithm stand out; noise within the CIs does not."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calib.synthetic import synthetic_calibration
+from microbench.cli import main
+from reports import diff
+
+MODELS = {("allreduce", "intra"): (4e-6, 1e-10), ("allreduce", "inter"): (2e-5, 1e-9),
+          ("pingpong", "inter"): (1e-5, 8e-10)}
+
+
+def _with_cis(data: dict, rel: float = 0.1) -> dict:
+    """Give every model a +-rel 95% CI on alpha and beta (synthetic ones are exact)."""
+    for by_link in data["models"].values():
+        for m in by_link.values():
+            m["alpha_ci95_s"] = [m["alpha_s"] * (1 - rel), m["alpha_s"] * (1 + rel)]
+            m["beta_ci95_s_per_byte"] = [m["beta_s_per_byte"] * (1 - rel), m["beta_s_per_byte"] * (1 + rel)]
+    return data
+
+
+@pytest.fixture()
+def cals(tmp_path) -> tuple[Path, Path, Path]:
+    """A; B = A with the inter-node allreduce at half bandwidth, pingpong on another algorithm, intra alpha +3%."""
+    a = _with_cis(synthetic_calibration(MODELS, gemm={"float32": 5e10}))
+    b = copy.deepcopy(a)
+    inter = b["models"]["allreduce"]["inter"]
+    inter["beta_s_per_byte"] *= 2
+    inter["beta_ci95_s_per_byte"] = [x * 2 for x in inter["beta_ci95_s_per_byte"]]
+    b["models"]["allreduce"]["intra"]["alpha_s"] *= 1.03
+    b["models"]["pingpong"]["inter"]["algorithm"] = "linear"
+    paths = []
+    for name, data in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    return paths[0], paths[1], tmp_path
+
+
+def _find(items, subject, parameter):
+    return next(c for c in items if c.subject == subject and c.parameter == parameter)
+
+
+def test_changes_flag_what_left_the_cis(cals):
+    a, b, _ = cals
+    items = diff.changes(json.loads(a.read_text()), json.loads(b.read_text()))
+    bw = _find(items, "allreduce/inter", "bandwidth 1/beta (GB/s)")
+    assert bw.relative == pytest.approx(-0.5) and bw.significant
+    alpha = _find(items, "allreduce/intra", "alpha (µs)")
+    assert alpha.relative == pytest.approx(0.03) and not alpha.significant
+    assert _find(items, "pingpong/inter", "algorithm").significant
+    assert not _find(items, "gemm/float32", "rate (GFLOP/s)").significant
+    assert sorted(f"{c.subject} {c.parameter}" for c in items if c.significant) == [
+        "allreduce/inter bandwidth 1/beta (GB/s)", "pingpong/inter algorithm"]
+
+
+def test_diff_figure_has_one_bar_per_model_red_where_changed(cals):
+    a, b, _ = cals
+    fig = diff.figure(diff.changes(json.loads(a.read_text()), json.loads(b.read_text())))
+    bw = next(ax for ax in fig.axes if ax.get_title() == "bandwidth 1/beta (GB/s)")
+    assert bw.get_xlabel() == diff.CHANGE_LABEL
+    labels = [t.get_text() for t in bw.get_yticklabels()]
+    assert labels == ["allreduce/intra", "allreduce/inter", "pingpong/inter (p2p → linear)"]
+    (bars,) = bw.containers
+    assert np.allclose([p.get_width() for p in bars], [0, -50, 0])
+    colors = [p.get_facecolor() for p in bars]
+    assert colors[1] != colors[0] and colors[0] == colors[2]   # the degraded link is coloured apart
+
+
+def test_diff_cli_prints_table_writes_files_and_checks(cals, capsys):
+    a, b, out = cals
+    assert main(["diff", str(a), str(b), "--out", str(out / "d")]) == 0
+    text = capsys.readouterr().out
+    assert "allreduce/inter" in text and "-50.0%" in text and "2 of" in text
+    for name in ("diff.html", "diff.md", "figures/diff.png", "figures/diff.svg"):
+        assert (out / "d" / name).stat().st_size > 0
+    assert "What changed" in (out / "d" / "diff.html").read_text()
+    assert main(["diff", str(a), str(b), "--check"]) == 1
+    assert main(["diff", str(a), str(a), "--check"]) == 0
+    assert "0 of" in capsys.readouterr().out
+
+
+def test_diff_of_a_corrupt_calibration_is_a_usage_error(cals, capsys):
+    a, _, out = cals
+    bad = out / "bad.json"
+    bad.write_text('{"schema": "commcal.calibration", "version": 1}')
+    assert main(["diff", str(a), str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing key" in err[0]
