@@ -1,0 +1,116 @@
+"""`commcal validate CAL --layer SPEC [--layer SPEC ...] --mesh 2x2 --out DIR` (under mpirun/srun): run each
+layer's SBP strategies for real, check their numerics, time every step, and score the predicted ranking
+against the measured one. DIR gets strategies.parquet/.csv (predicted beside measured, one row per layer and
+strategy), steps.parquet/.csv (every step), summary.json (metrics with 95% CIs, per layer and overall,
+end to end and communication only) and run.json (provenance): the format reports/validation_view.py reads."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.layers import Compute, Layer, Schedule
+from analysis.models import parse_model
+from microbench.errors import UsageError
+from microbench.ops import GEMM_DTYPES
+from microbench.stats import StopRule
+
+QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
+                "embedding:vocab=256,dim=64,tokens=128,density=0.25")
+QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16}
+DEFAULTS = {"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
+    p.add_argument("--layer", action="append", default=[], metavar="SPEC",
+                   help="layer or model spec (repeatable), e.g. linear:m=1024,k=1024,n=1024, mlp, "
+                        "transformer:d=256,heads=4,seq=64,batch=4, embedding:vocab=4096,dim=256,tokens=1024")
+    p.add_argument("--mesh", required=True, help="device mesh, e.g. 2x2 (nodes x ranks per node); size = world")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES)
+    p.add_argument("--quick", action="store_true",
+                   help=f"small default layers ({' '.join(QUICK_LAYERS)}), loose target, short budget")
+    p.add_argument("--target-ci", type=float, default=None, help="stop when the median's 95%% CI is within "
+                   f"+-this (default {DEFAULTS['target_ci']}; quick {QUICK['target_ci']})")
+    p.add_argument("--budget", type=float, default=None, help="seconds per strategy before stopping anyway "
+                   f"(default {DEFAULTS['budget']}; quick {QUICK['budget']})")
+    p.add_argument("--min-samples", type=int, default=None)
+    p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
+                   "top half plus a seeded random sample of the rest "
+                   f"(default {DEFAULTS['max_strategies']}; quick {QUICK['max_strategies']})")
+    p.add_argument("--top-k", type=int, default=3, help="k of the top-k overlap metric")
+    p.add_argument("--seed", type=int, default=0, help="seed of data, strategy sample and bootstrap")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+
+
+@dataclass(frozen=True)
+class Config:
+    rule: StopRule
+    max_strategies: int
+
+
+def config(args) -> Config:
+    base = QUICK if args.quick else DEFAULTS
+    pick = lambda name: base[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
+    target, budget, mins, most = pick("target_ci"), pick("budget"), pick("min_samples"), pick("max_strategies")
+    if not (0 < target < 1) or budget <= 0 or mins < 2 or most < 1 or args.top_k < 1 or args.bootstrap < 0:
+        raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
+                         "--top-k >= 1 and --bootstrap >= 0")
+    if not args.layer and not args.quick:
+        raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers)")
+    return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most)
+
+
+def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
+    """(unique name, layer) of every layer of every spec: 'kind.layer' (#2, #3 ... on repeats)."""
+    out, seen = [], {}
+    for spec in specs:
+        kind = spec.split(":")[0].strip()
+        for layer in parse_model(spec, dtype).layers:
+            name = f"{kind}.{layer.name}"
+            seen[name] = seen.get(name, 0) + 1
+            out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", layer))
+    return out
+
+
+def check_feasible(name: str, opts, mesh_text: str) -> None:
+    for sched in opts.schedules:
+        if not sched.feasible:
+            raise UsageError(f"layer {name} cannot run strategy {sched.strategy.id} on mesh {mesh_text}: "
+                             f"{sched.reason}")
+
+
+def check_links(name: str, schedules: list[Schedule], mesh, cal) -> None:
+    """Every collective must be priced by its own link class: a validation never falls back."""
+    for sched in schedules:
+        for st in sched.steps:
+            if not isinstance(st, Compute) and st.is_comm and not cal.has(st.op, mesh.axes[st.axis].link):
+                raise UsageError(f"calibration {cal.path} has no {st.op} model for link class "
+                                 f"'{mesh.axes[st.axis].link}' (mesh axis {st.axis}, {st.group_size} ranks), needed "
+                                 f"by layer {name} strategy {sched.strategy.id}; sweep with --links "
+                                 f"{mesh.axes[st.axis].link}")
+
+
+def choose(total_s: np.ndarray, most: int, seed: int) -> list[tuple[int, str]]:
+    """(strategy index, why): all, or the predicted top half of `most` plus a seeded sample of the rest."""
+    n = len(total_s)
+    if n <= most:
+        return [(i, "all") for i in range(n)]
+    order = np.argsort(total_s, kind="stable")
+    top = most - most // 2
+    rest = np.random.default_rng(seed).choice(order[top:], size=most - top, replace=False)
+    return [(int(i), "top") for i in order[:top]] + [(int(i), "sample") for i in sorted(rest)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from calib.calibration import load_calibration
+
+    cfg = config(args)
+    layers = named_layers(args.layer or QUICK_LAYERS, args.dtype)
+    cal = load_calibration(args.calibration)
+    from analysis import validate_run
+
+    return validate_run.main(args, cfg, layers, cal)

@@ -1,0 +1,134 @@
+"""The MPI part of `commcal validate`: mesh from the job, pricing by analysis' own Tabulator, the harness on
+every rank, then rank 0 scores and writes DIR (atomic writes)."""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+from mpi4py import MPI
+
+from analysis import ranking
+from analysis.harness import NumericsError, layer_data, run_strategy
+from analysis.harness_comm import Collectives, job_mesh
+from analysis.harness_exec import Runner
+from analysis.layers import Compute
+from analysis.pricing import Pricer
+from analysis.search import Tabulator
+from analysis.validate_cmd import check_feasible, check_links, choose
+from microbench import provenance
+from microbench.atomic import atomic_write, atomic_write_json
+
+
+def main(args, cfg, layers, cal) -> int:
+    world = MPI.COMM_WORLD
+    mesh, coord, hosts = job_mesh(world, args.mesh)
+    pricer = Pricer(cal, mesh, args.dtype)
+    tab = Tabulator(pricer)
+    work = []
+    for name, layer in layers:
+        opts = tab.options(layer, True)
+        check_feasible(name, opts, args.mesh)
+        check_links(name, opts.schedules, mesh, cal)
+        work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
+    coll = Collectives(world, mesh, coord)
+    runner = Runner(mesh, coord, coll)
+    say = print if world.rank == 0 else (lambda *a, **k: None)
+    say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
+        f"calibration {args.calibration}", flush=True)
+    rows, steps = [], []
+    try:
+        for li, (name, layer, opts, chosen) in enumerate(work):
+            data = layer_data(layer, args.seed + li, args.dtype)
+            for i, why in chosen:
+                sched = opts.schedules[i]
+                prog, timed = run_strategy(runner, layer, sched, data, args.dtype, cfg.rule,
+                                           f"layer {name} strategy {sched.strategy.id}")
+                rows.append(_row(name, layer, opts, i, why, prog, timed))
+                steps += _step_rows(name, sched.strategy.id, prog, timed, pricer)
+            say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok", flush=True)
+    except NumericsError as exc:
+        if world.rank == 0:
+            print(f"commcal: error: numerics mismatch: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        coll.free()
+    if world.rank == 0:
+        _write(args, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal)
+    return 0
+
+
+def _row(name, layer, opts, i, why, prog, timed) -> dict:
+    comm_steps = sum(it.is_comm for it in prog.items)
+    return {"layer": name, "kind": type(layer).__name__, "strategy": opts.strategies[i].id, "selected": why,
+            "predicted_s": float(opts.time_s[i]), "predicted_comm_s": float(opts.comm_s[i]),
+            "predicted_compute_s": float(opts.compute_s[i]),
+            "measured_s": timed.total.median, "measured_ci_low_s": timed.total.ci_low,
+            "measured_ci_high_s": timed.total.ci_high, "measured_comm_s": timed.comm.median,
+            "measured_compute_s": timed.compute.median, "samples": timed.total.samples,
+            "target_met": timed.target_met, "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err}
+
+
+def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
+    out = []
+    for k, (it, meas) in enumerate(zip(prog.items, timed.item_median_s)):
+        e = it.entry
+        if isinstance(e, Compute):
+            out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
+                        "link": "", "size_bytes": 0, "predicted_s": e.flops / pricer.flops_per_s, "measured_s": meas})
+            continue
+        pred = float(pricer.seconds(e.op, e.axis, [e.size_bytes])[0]) if e.is_comm else 0.0
+        out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,
+                    "link": e.link, "size_bytes": e.size_bytes, "predicted_s": pred, "measured_s": meas})
+    return out
+
+
+def scores(frame: pd.DataFrame, k: int, resamples: int, seed: int) -> dict:
+    """{"total": ..., "comm": ...} metric dicts over the given rows' layers; communication only over the
+    strategies that communicate."""
+    out = {}
+    for part, pred, meas in (("total", "predicted_s", "measured_s"), ("comm", "predicted_comm_s", "measured_comm_s")):
+        rows = frame if part == "total" else frame[frame["comm_steps"] > 0]
+        layers = [(g[pred].to_numpy(), g[meas].to_numpy()) for _, g in rows.groupby("layer", sort=False)]
+        out[part] = {n: s.to_json() for n, s in ranking.score(layers, k, resamples, seed).items()} if layers else {}
+    return out
+
+
+def _flat(sc: dict) -> dict:
+    return {**sc["total"], **{f"comm_{n}": v for n, v in sc["comm"].items()}}
+
+
+def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> None:
+    out = args.out
+    frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
+    comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
+    frame["comm_accuracy"] = 1 - (frame["predicted_comm_s"] - comm).abs() / comm
+    for name, table in (("strategies", frame), ("steps", steps)):
+        atomic_write(f"{out}/{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
+        atomic_write(f"{out}/{name}.csv", lambda p, t=table: t.to_csv(p, index=False))
+    overall = scores(frame, args.top_k, args.bootstrap, args.seed)
+    per_layer = {name: _flat(scores(g, args.top_k, args.bootstrap, args.seed))
+                 for name, g in frame.groupby("layer", sort=False)}
+    machine = provenance.machine_name(hosts)
+    atomic_write_json(f"{out}/summary.json", {
+        "metrics": _flat(overall), "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
+        "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
+        "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
+        "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
+        "layers": per_layer,
+        "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
+                  "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies"]})
+    atomic_write_json(f"{out}/run.json", {
+        "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
+        "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
+        "mpi_library_version": MPI.Get_library_version().strip(), "versions": provenance.software_versions(),
+        "environment": provenance.relevant_environment()})
+    m = _flat(overall)
+    print(f"validate: wrote {out} ({len(frame)} strategies)")
+    for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
+        for pre in ("", "comm_"):
+            if pre + key in m:
+                v = m[pre + key]
+                ci = "" if v["ci95"] is None else f" [{v['ci95'][0]:.3g}, {v['ci95'][1]:.3g}]"
+                print(f"  {(pre or 'total_') + key:<22} {v['value']:.4g}{ci}")
+
