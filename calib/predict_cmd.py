@@ -1,5 +1,6 @@
 """`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--json]`: one predicted time with its
-95% interval, saying when it extrapolates beyond what was measured."""
+95% interval, saying when it extrapolates beyond what was measured. With --layer/--strategy/--mesh instead
+of --op, the plan and cost of one layer strategy (analysis.predict_strategy)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,21 @@ import argparse
 import json
 
 from calib.calibration import load_calibration
+from microbench.errors import UsageError
 from microbench.records import LINK_CLASSES
 from microbench.sizes import format_size, parse_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
-    p.add_argument("--op", required=True, help="operation, e.g. allreduce, allgather, pingpong")
-    p.add_argument("--link", required=True, choices=LINK_CLASSES, help="link class")
-    p.add_argument("--procs", required=True, type=int, help="process count")
-    p.add_argument("--bytes", required=True, help="size in the nccl-tests convention, e.g. 64M")
+    p.add_argument("--op", help="operation, e.g. allreduce, allgather, pingpong")
+    p.add_argument("--link", choices=LINK_CLASSES, help="link class")
+    p.add_argument("--procs", type=int, help="process count")
+    p.add_argument("--bytes", help="size in the nccl-tests convention, e.g. 64M")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from analysis.predict_strategy import add_arguments as add_strategy_arguments
+
+    add_strategy_arguments(p)
 
 
 def _time(s: float) -> str:
@@ -29,6 +34,13 @@ def _time(s: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration)
+    if args.layer:
+        from analysis.predict_strategy import run_strategy
+
+        return run_strategy(args, cal)
+    missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
+    if missing:
+        raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")
     nbytes = parse_size(args.bytes)
     pred = cal.predict(args.op, args.link, args.procs, nbytes)
     if args.json:

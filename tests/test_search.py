@@ -77,3 +77,18 @@ def test_predict_strategy_rejects_indivisible_split():
     args = p.parse_args(["--layer", "linear:m=6,k=8,n=8", "--strategy", "m.m", "--mesh", "2x2"])
     with pytest.raises(UsageError, match="not divisible"):
         run_strategy(args, calibration_from_dict(cal_dict()))
+
+
+def test_predict_layer_strategy_cli_prints_plan_and_cost(tmp_path):
+    """`commcal predict CAL --layer --strategy --mesh`: data parallelism on 2 ranks is one gradient allreduce of |W|."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(cal_dict()))
+    proc = run_cli(["predict", str(cal), "--layer", "linear:m=64,k=128,n=256", "--strategy", "m", "--mesh", "2",
+                    "--json"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    comm = [s for s in out["steps"] if s["kind"] == "comm"]
+    assert [(s["op"], s["size_bytes"]) for s in comm] == [("allreduce", 128 * 256 * 4)]
+    assert out["total_s"] > 0
+    proc = run_cli(["predict", str(cal), "--op", "allreduce"])
+    assert proc.returncode == 2 and "predict needs --link, --procs, --bytes" in proc.stderr
