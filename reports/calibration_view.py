@@ -44,7 +44,8 @@ def alpha_beta_table(data: dict) -> Table:
                      f"{_gbps(m['beta_ci95_s_per_byte'][1])} – {_gbps(m['beta_ci95_s_per_byte'][0])}",
                      str(len(m["segments"])), ", ".join(map(str, m["procs_measured"])),
                      _pct(h["median_abs_rel_err"]), _pct(h["p90_abs_rel_err"])))
-    return Table("Alpha/beta per operation and link class (first segment; bandwidth = 1/beta)",
+    return Table("Alpha/beta per operation and link class (alpha of the smallest-size segment, "
+                 "bandwidth 1/beta of the largest)",
                  ("operation", "link", "algorithm", "alpha (µs)", "alpha 95% CI (µs)", "1/beta (GB/s)",
                   "1/beta 95% CI (GB/s)", "segments", "procs measured", "held-out median |err|",
                   "held-out p90 |err|"), tuple(rows))
@@ -172,8 +173,9 @@ def section(cal, root: Path) -> Section:
         return Section("calibration", title, (*blocks, Note("The calibration holds no collective models.")))
     blocks += [alpha_beta_table(data),
                save_figure(alpha_beta_heatmap(data), root, "alpha-beta-heatmap", "Alpha and bandwidth heatmap",
-                           "Fitted alpha (left, µs) and bandwidth 1/beta (right, GB/s) of each operation's first "
-                           "model segment per link class; – marks a combination the calibration does not model."),
+                           "Fitted alpha (left, µs; smallest-size segment) and bandwidth 1/beta (right, GB/s; "
+                           "largest-size segment) per operation and link class; – marks a combination the "
+                           "calibration does not model."),
                save_figure(heldout_figure(data), root, "heldout-error", "Held-out error per operation",
                            "Median absolute relative error of the model on sizes held out of the fit (bars) and "
                            "its 90th percentile (ticks), against the fit's target (dotted)."),

@@ -120,7 +120,12 @@ def measured_figure(runs: RunSet, op: str, link: str, cal=None):
     log_values(ax_b.yaxis)
     ax_b.set_ylabel(GFLOPS_LABEL if compute else BUSBW_LABEL)
     ax_b.set_title("Compute rate" if compute else "Bus bandwidth")
-    handles, labels = ax_t.get_legend_handles_labels()
+    rates = cal.data["compute"]["gemm"] if cal is not None and compute else {}
+    for i, (key, _) in enumerate(curves):
+        if key["dtype"] in rates:
+            ax_b.axhline(rates[key["dtype"]]["flops_per_s"] / GB, color=COLORS[i % len(COLORS)], linewidth=1.4,
+                         linestyle=":", label=f"calibrated rate, {key['dtype']}")
+    handles, labels = ax_b.get_legend_handles_labels()
     if modelled:
         _draw_segments(axes, segment_ranges(cal, op, link))
         handles += [Line2D([], [], color="gray", linewidth=1.6), Line2D([], [], color="gray", linestyle="--")]

@@ -55,7 +55,9 @@ def section(runs: RunSet | None, cal, root: Path) -> Section:
                        "fitted on), and the model's relative error at each measured size (right).")
         else:
             caption = f"Latency (left) and {rate} (right) against size."
-        if cal is not None and not modelled:
+        if cal is not None and OPS[op].kind == "compute":
+            caption += " Dotted: the calibration's GEMM rate."
+        elif cal is not None and not modelled:
             caption += " The calibration has no model for this operation and link."
         blocks.append(save_figure(fig, root, f"measured-{op}-{link}", f"{op} over {link} links", caption))
     return Section("measurements", title, tuple(blocks))

@@ -16,7 +16,7 @@ from microbench.errors import UsageError
 from calib.calibration import load_calibration
 from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
 from reports import calibration_view, report_cmd, validation_view
-from reports.curves import BUSBW_LABEL, LATENCY_LABEL, RESIDUAL_LABEL, measured_figure
+from reports.curves import BUSBW_LABEL, GFLOPS_LABEL, LATENCY_LABEL, RESIDUAL_LABEL, measured_figure
 from reports.runs import load_runs
 
 SIZES = tuple(2 ** k for k in range(3, 23, 2))
@@ -104,6 +104,18 @@ def test_measured_figure_overlays_the_calibration_and_its_residuals(inputs):
     # the synthetic run is the calibration's truth plus 1% noise: residuals are small but not all zero
     resid = np.concatenate([line.get_ydata() for line in res.get_lines() if len(line.get_xdata()) == len(SIZES)])
     assert 0.01 < np.abs(resid).max() < 10
+
+
+def test_gemm_figure_shows_compute_rate_and_the_calibrated_rate(inputs):
+    runs, cal = load_runs([inputs["run"]]), load_calibration(inputs["cal"])
+    fig = measured_figure(runs, "gemm", "intra", cal)
+    rate = _by_label(fig, GFLOPS_LABEL)
+    assert sorted(_legend(fig)) == ["calibrated rate, float32", "p=1"]
+    (line,) = [ln for ln in rate.get_lines() if ln.get_label() == "calibrated rate, float32"]
+    assert np.allclose(line.get_ydata(), 50.0)   # 5e10 FLOP/s in GFLOP/s
+    big = runs.summary.query("op == 'gemm'").sort_values("size_bytes").iloc[-1]
+    measured = [ln.get_ydata() for ln in rate.get_lines() if len(ln.get_xdata()) == len(SIZES)]
+    assert np.isclose(measured[0][-1], big["flops_per_s"] / 1e9)
 
 
 def test_calibration_figures_show_every_model(inputs):
