@@ -26,57 +26,40 @@ def _pair(pred, meas) -> tuple[np.ndarray, np.ndarray]:
     return pred, meas
 
 
-def predicted_best(pred, meas) -> int:
-    """Index of the predicted-fastest strategy; among predicted ties, the one measured slowest."""
-    pred, meas = _pair(pred, meas)
-    tied = np.flatnonzero(pred == pred.min())
-    return int(tied[np.argmax(meas[tied])])
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
 
-def _corr(fn, pred, meas) -> float | None:
-    if len(pred) < 2 or np.ptp(pred) == 0 or np.ptp(meas) == 0:
-        return None
-    return float(fn(pred, meas)[0])
-
-
-def kendall_tau(pred, meas) -> float | None:
-    """Kendall tau-b (ties corrected); None with fewer than 2 strategies or a constant side."""
-    return _corr(stats.kendalltau, *_pair(pred, meas))
-
-
-def spearman_rho(pred, meas) -> float | None:
-    return _corr(stats.spearmanr, *_pair(pred, meas))
-
-
-def top1(pred, meas) -> float:
-    pred, meas = _pair(pred, meas)
-    return float(meas[predicted_best(pred, meas)] == meas.min())
-
-
-def topk_overlap(pred, meas, k: int = 3) -> float:
-    """|predicted k fastest & measured k fastest| / k (k capped at the strategy count; stable order)."""
-    pred, meas = _pair(pred, meas)
-    k = min(k, len(pred))
-    a = set(np.argsort(pred, kind="stable")[:k].tolist())
-    return len(a & set(np.argsort(meas, kind="stable")[:k].tolist())) / k
-
-
-def pairwise_accuracy(pred, meas) -> float | None:
-    """Share of strategy pairs with different measured times that the prediction orders the same way
-    (a predicted tie counts one half); None when no pair differs."""
-    pred, meas = _pair(pred, meas)
-    i, j = np.triu_indices(len(pred), 1)
-    sm = np.sign(meas[i] - meas[j])
+def batch_metrics(pred: np.ndarray, meas: np.ndarray, k: int = 3) -> dict[str, np.ndarray]:
+    """Every metric for each row of (B, n) arrays of predicted and measured times; NaN where undefined."""
+    n = pred.shape[1]
+    i, j = np.triu_indices(n, 1)
+    sp, sm = np.sign(pred[:, i] - pred[:, j]), np.sign(meas[:, i] - meas[:, j])
+    tau = _ratio((sp * sm).sum(1), np.sqrt((sp != 0).sum(1) * (sm != 0).sum(1)))
+    rp = stats.rankdata(pred, axis=1) - (n + 1) / 2
+    rm = stats.rankdata(meas, axis=1) - (n + 1) / 2
+    rho = _ratio((rp * rm).sum(1), np.sqrt((rp * rp).sum(1) * (rm * rm).sum(1)))
+    picked = np.where(pred == pred.min(1, keepdims=True), meas, -np.inf).max(1)
+    best = meas.min(1)
+    k = min(k, n)
+    rows = np.arange(len(pred))[:, None]
+    top_p, top_m = np.zeros(pred.shape, bool), np.zeros(pred.shape, bool)
+    top_p[rows, np.argsort(pred, 1, kind="stable")[:, :k]] = True
+    top_m[rows, np.argsort(meas, 1, kind="stable")[:, :k]] = True
     keep = sm != 0
-    if not keep.any():
-        return None
-    sp = np.sign(pred[i] - pred[j])[keep]
-    return float(np.mean(np.where(sp == 0, 0.5, sp == sm[keep])))
+    agree = np.where(sp == 0, 0.5, (sp == sm).astype(float))
+    return {"kendall_tau": tau, "spearman_rho": rho, "top1": (picked == best).astype(float),
+            "topk_overlap": (top_p & top_m).sum(1) / k, "pairwise_accuracy": _ratio((agree * keep).sum(1), keep.sum(1)),
+            "regret": picked / best - 1, "mean_accuracy": (1 - np.abs(pred - meas) / meas).mean(1)}
 
 
-def regret(pred, meas) -> float:
+def layer_metrics(pred, meas, k: int = 3) -> dict[str, float | None]:
+    """One layer's metrics; None where undefined (correlations with fewer than 2 strategies or a constant
+    side, pairwise accuracy when no measured pair differs)."""
     pred, meas = _pair(pred, meas)
-    return float(meas[predicted_best(pred, meas)] / meas.min() - 1)
+    out = batch_metrics(pred[None], meas[None], k)
+    return {name: None if np.isnan(v[0]) else float(v[0]) for name, v in out.items()}
 
 
 def accuracy(pred, meas) -> np.ndarray:
@@ -85,20 +68,13 @@ def accuracy(pred, meas) -> np.ndarray:
     return 1 - np.abs(pred - meas) / meas
 
 
-def layer_metrics(pred, meas, k: int = 3) -> dict[str, float | None]:
-    return {"kendall_tau": kendall_tau(pred, meas), "spearman_rho": spearman_rho(pred, meas),
-            "top1": top1(pred, meas), "topk_overlap": topk_overlap(pred, meas, k),
-            "pairwise_accuracy": pairwise_accuracy(pred, meas), "regret": regret(pred, meas),
-            "mean_accuracy": float(accuracy(pred, meas).mean())}
-
-
-def over_layers(layers: list[tuple], k: int = 3) -> dict[str, float | None]:
-    """Each metric's mean over the layers (pred, meas) where it is defined (None where none is)."""
-    per = [layer_metrics(p, m, k) for p, m in layers]
+def _over_layers(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per row, each metric's mean over the layers where it is defined (NaN where none is)."""
     out = {}
     for name in NAMES:
-        vals = [d[name] for d in per if d[name] is not None]
-        out[name] = float(np.mean(vals)) if vals else None
+        stack = np.stack([b[name] for b in batches])
+        count = (~np.isnan(stack)).sum(0)
+        out[name] = _ratio(np.nansum(stack, 0), count.astype(float))
     return out
 
 
@@ -113,27 +89,26 @@ class Scored:
 
 
 def score(layers: list[tuple], k: int = 3, resamples: int = 1000, seed: int = 0) -> dict[str, Scored]:
-    """Metrics over layers with 95% percentile-bootstrap intervals (widened to contain the point value when
-    resampling shifts them); metrics defined nowhere are left out."""
+    """Metrics over layers (pred, meas) with 95% percentile-bootstrap intervals (widened to contain the point
+    value when resampling shifts them); metrics defined nowhere are left out."""
     layers = [_pair(p, m) for p, m in layers]
-    point = over_layers(layers, k)
+    point = _over_layers([batch_metrics(p[None], m[None], k) for p, m in layers])
     rng = np.random.default_rng(seed)
-    boots: dict[str, list[float]] = {name: [] for name in NAMES}
-    for _ in range(resamples):
-        sample = []
-        for p, m in layers:
-            idx = rng.integers(0, len(p), len(p))
-            sample.append((p[idx], m[idx]))
-        for name, v in over_layers(sample, k).items():
-            if v is not None:
-                boots[name].append(v)
+    boots = []
+    for p, m in layers:
+        idx = rng.integers(0, len(p), (resamples, len(p)))
+        boots.append(batch_metrics(p[idx], m[idx], k))
+    boot = _over_layers(boots) if resamples else {}
     out = {}
-    for name, v in point.items():
-        if v is None:
+    for name in NAMES:
+        v = float(point[name][0])
+        if np.isnan(v):
             continue
-        b = boots[name]
-        lo, hi = (float(np.percentile(b, 2.5)), float(np.percentile(b, 97.5))) if len(b) >= 2 else (None, None)
-        if lo is not None:
-            lo, hi = min(lo, v), max(hi, v)
-        out[name] = Scored(v, lo, hi)
+        b = boot.get(name, np.array([]))
+        b = b[~np.isnan(b)]
+        if len(b) < 2:
+            out[name] = Scored(v, None, None)
+            continue
+        lo, hi = np.percentile(b, [2.5, 97.5])
+        out[name] = Scored(v, min(float(lo), v), max(float(hi), v))
     return out
