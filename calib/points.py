@@ -49,7 +49,7 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     meta = records.read_run_json(run_dir)
     summary = records.load_summary(run_dir)
     try:
-        samples = records.load_samples(run_dir)
+        samples = records.load_samples(run_dir, columns=["point_id", "time_s"])
     except UsageError as exc:
         raise UsageError(f"{run_dir}: no samples to fit ({exc})") from None
     missing = [c for c in _KEEP if c not in summary.columns] + \
@@ -60,7 +60,8 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
         raise UsageError(f"{run_dir}: run holds no samples")
     times = pd.to_numeric(samples["time_s"], errors="coerce")
     good = np.isfinite(times) & (times > 0)
-    stats = times[good].groupby(samples["point_id"][good].astype(str), sort=False).agg(["median", "size"])
+    stats = times[good].groupby(samples["point_id"][good], sort=False, observed=True).agg(["median", "size"])
+    stats.index = stats.index.astype(str)
     stats.columns = ["seconds", "n_samples"]
     pts = summary.loc[:, list(_KEEP)].copy()
     pts["point_id"] = pts["point_id"].astype(str)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
 
@@ -108,9 +109,10 @@ def read_run_json(run_dir: str | Path) -> dict:
     return meta
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
+def _read_parquet(path: Path, columns: list[str] | None = None, categorical: bool = False) -> pd.DataFrame:
+    """Read a Parquet file; `categorical` keeps repeated strings (sample ids) compact in memory."""
     try:
-        return pd.read_parquet(path)
+        return pq.read_table(path, columns=columns).to_pandas(strings_to_categorical=categorical)
     except Exception as exc:  # pyarrow raises several types for corrupt or truncated files
         raise UsageError(f"{path}: corrupt or truncated Parquet file ({type(exc).__name__})") from None
 
@@ -133,15 +135,15 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-def load_samples(run_dir: str | Path) -> pd.DataFrame:
-    """Every timed iteration of every finished point (columns SAMPLE_COLUMNS)."""
+def load_samples(run_dir: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """Every timed iteration of every finished point (columns SAMPLE_COLUMNS, or the ones asked for)."""
     run_dir = Path(run_dir)
     read_run_json(run_dir)
     consolidated = run_dir / "samples.parquet"
     if consolidated.is_file():
-        return _read_parquet(consolidated)
+        return _read_parquet(consolidated, columns, categorical=True)
     done = {f.stem for f in (run_dir / "points").glob("*.json")}
-    frames = [_read_parquet(run_dir / "points" / f"{pid}.parquet") for pid in sorted(done)]
+    frames = [_read_parquet(run_dir / "points" / f"{pid}.parquet", columns, categorical=True) for pid in sorted(done)]
     if not frames:
         raise UsageError(f"{run_dir}: run holds no samples")
     return pd.concat(frames, ignore_index=True)
