@@ -1,0 +1,81 @@
+"""Ranking metrics against hand-computed cases (perfect, reversed, ties, single strategy) and scipy."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from analysis import ranking
+
+
+def test_perfect_order():
+    m = ranking.layer_metrics([1, 2, 3, 4], [10, 20, 30, 40], k=2)
+    assert m["kendall_tau"] == pytest.approx(1) and m["spearman_rho"] == pytest.approx(1)
+    assert m["top1"] == 1 and m["regret"] == 0 and m["pairwise_accuracy"] == 1 and m["topk_overlap"] == 1
+    assert m["mean_accuracy"] == pytest.approx(1 - 0.9)
+
+
+def test_reversed_order():
+    m = ranking.layer_metrics([4, 3, 2, 1], [1, 2, 3, 4], k=2)
+    assert m["kendall_tau"] == pytest.approx(-1) and m["spearman_rho"] == pytest.approx(-1)
+    assert m["top1"] == 0 and m["regret"] == pytest.approx(3.0)
+    assert m["pairwise_accuracy"] == 0 and m["topk_overlap"] == 0
+
+
+def test_ties_count_against_the_prediction():
+    m = ranking.layer_metrics([1, 1, 2], [1, 2, 3])
+    # pairs (0,1) tied in prediction: 0; (0,2), (1,2) concordant: tau-b = 2 / sqrt(2 * 3)
+    assert m["kendall_tau"] == pytest.approx(2 / math.sqrt(6))
+    assert m["top1"] == 0 and m["regret"] == pytest.approx(1.0)      # the tied pick measured 2 vs best 1
+    assert m["pairwise_accuracy"] == pytest.approx(2.5 / 3)
+    assert m["topk_overlap"] == pytest.approx(1.0)                   # k = 3 = all strategies
+
+
+def test_measured_ties_are_left_out_of_pairwise():
+    m = ranking.layer_metrics([1, 2, 3], [5, 5, 6])
+    assert m["pairwise_accuracy"] == pytest.approx(1.0)
+    assert m["top1"] == 1 and m["regret"] == 0
+
+
+def test_single_strategy():
+    m = ranking.layer_metrics([2.0], [1.0])
+    assert m["kendall_tau"] is None and m["spearman_rho"] is None and m["pairwise_accuracy"] is None
+    assert m["top1"] == 1 and m["regret"] == 0 and m["topk_overlap"] == 1 and m["mean_accuracy"] == pytest.approx(0)
+
+
+def test_accuracy_is_paradl_definition():
+    np.testing.assert_allclose(ranking.accuracy([0.9, 2.2], [1, 2]), [0.9, 0.9])
+
+
+def test_bad_input():
+    for pred, meas in (([1, 2], [1]), ([], []), ([1, 2], [1, 0]), ([1, np.nan], [1, 2])):
+        with pytest.raises(ValueError):
+            ranking.layer_metrics(pred, meas)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 5)), min_size=2, max_size=12))
+def test_correlations_match_scipy(pairs):
+    pred, meas = (np.array(v, dtype=float) for v in zip(*pairs))
+    m = ranking.layer_metrics(pred, meas)
+    if np.ptp(pred) == 0 or np.ptp(meas) == 0:
+        assert m["kendall_tau"] is None and m["spearman_rho"] is None
+        return
+    assert m["kendall_tau"] == pytest.approx(stats.kendalltau(pred, meas)[0])
+    assert m["spearman_rho"] == pytest.approx(stats.spearmanr(pred, meas)[0])
+
+
+def test_score_over_layers_with_intervals():
+    layers = [([1, 2, 3, 4], [1, 2, 3, 4]), ([4, 3, 2, 1], [1, 2, 3, 4]), ([1.0], [2.0])]
+    out = ranking.score(layers, k=2, resamples=300, seed=1)
+    assert out["kendall_tau"].value == pytest.approx(0.0)      # mean of 1 and -1; the single layer has none
+    assert out["top1"].value == pytest.approx(2 / 3)
+    for s in out.values():
+        assert s.low <= s.value <= s.high
+    noisy = ranking.score([([1, 2, 3, 4, 5, 6], [1, 3, 2, 6, 4, 5])], resamples=300)
+    assert noisy["kendall_tau"].low < noisy["kendall_tau"].value < noisy["kendall_tau"].high
+    none = ranking.score([([1.0], [1.0])], resamples=0)
+    assert "kendall_tau" not in none and none["top1"].to_json() == {"value": 1.0, "ci95": None}
