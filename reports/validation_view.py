@@ -1,17 +1,19 @@
 """The report's validation section, and the contract for what `commcal validate` leaves in its directory.
 
-A validation directory DIR holds (either file may be absent; the section then says what is missing):
+A validation directory DIR holds (summary.json or the strategies table may be absent; the section says so):
 
-  DIR/summary.json   {"metrics": {NAME: {"value": number, "ci95": [low, high] or null}, ...}, ...}
-      NAME is any of kendall_tau (Kendall's tau between predicted and measured order), top1 (fraction of layers
-      whose predicted-best strategy is the measured best), regret (measured time of the predicted-best strategy
-      over the measured best, minus 1, averaged over layers), mean_accuracy (mean pairwise ordering accuracy);
-      other names are shown too. Other top-level members with scalar values (calibration, machine, date, ...)
-      are shown as a table.
+  DIR/summary.json   {"metrics": {NAME: {"value": number or null, "ci95": [low, high] or null}, ...},
+                      "layers": {LAYER: {NAME: {...}, ...}, ...} (optional), "notes": [str, ...] (optional), ...}
+      NAME is kendall_tau (Kendall's tau between predicted and measured order), top1 (fraction of layers whose
+      predicted-best strategy is the measured best), regret (measured time of the predicted-best strategy over
+      the measured best, minus 1), mean_accuracy (mean of 1 - |predicted - measured| / measured), or any other
+      metric; a "comm_" prefix scores communication time only. Other top-level members with scalar values
+      (calibration, mesh, machine, date, ...) are shown as a table.
   DIR/strategies.parquet or DIR/strategies.csv   one row per (layer, strategy):
       required: layer, strategy, predicted_s, measured_s
       optional: predicted_low_s, predicted_high_s (prediction interval), measured_ci_low_s, measured_ci_high_s,
                 predicted_comm_s, measured_comm_s (the communication part of each time)
+  DIR/run.json (optional)   provenance of the validation run, shown as a table.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UsageError
+from reports import provenance
 from reports.document import Note, Section, Table, Text
 from reports.plotting import COLORS, log_values, new_figure, save_figure
 
@@ -32,60 +35,96 @@ REQUIRED = ("layer", "strategy", "predicted_s", "measured_s")
 OPTIONAL = ("predicted_low_s", "predicted_high_s", "measured_ci_low_s", "measured_ci_high_s",
             "predicted_comm_s", "measured_comm_s")
 METRICS = {"kendall_tau": ("Kendall's tau", (-1, 1)), "top1": ("top-1 accuracy", (0, 1)),
-           "regret": ("regret of predicted best", None), "mean_accuracy": ("mean pairwise accuracy", (0, 1))}
-"""Known metric names: their titles and natural ranges (None: open-ended, from 0)."""
+           "regret": ("regret of predicted best", None), "mean_accuracy": ("mean accuracy", (0, 1))}
+"""The headline metrics drawn in the ranking panel: their titles and natural ranges (None: open-ended, from 0)."""
+SCOPES = (("", "end to end"), ("comm_", "communication only"))
 TIME_LABEL = "time per step (ms)"
 MS = 1e3
 
 
 @dataclass(frozen=True)
 class Metric:
+    """One ranking metric; value None where it is undefined (e.g. tau over a single strategy)."""
+
     name: str
-    value: float
+    value: float | None
     low: float | None
     high: float | None
 
     @property
+    def base(self) -> str:
+        return self.name.removeprefix("comm_")
+
+    @property
+    def scope(self) -> str:
+        return dict(SCOPES)["comm_" if self.name.startswith("comm_") else ""]
+
+    @property
     def title(self) -> str:
-        return METRICS.get(self.name, (self.name.replace("_", " "), None))[0]
+        return METRICS.get(self.base, (self.base.replace("_", " "), None))[0]
 
 
 @dataclass(frozen=True)
 class Validation:
     path: Path
     metrics: tuple[Metric, ...] | None      # None: no summary.json
+    layers: dict[str, tuple[Metric, ...]]   # per-layer metrics, where the summary gives them
     info: dict
+    notes: tuple[str, ...]
+    meta: dict | None                       # run.json, where present
     strategies: pd.DataFrame | None         # None: no strategies file
 
 
-def _number(value, where: str) -> float:
+def _number(value, where: str, nullable: bool = False) -> float | None:
+    """A JSON number; null (and NaN) only where `nullable`, read as None."""
+    if nullable and (value is None or (isinstance(value, float) and math.isnan(value))):
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UsageError(f"{where} must be a finite number, not {value!r}")
     return float(value)
 
 
-def _read_summary(path: Path) -> tuple[tuple[Metric, ...], dict]:
+def _metrics(obj, where: str) -> tuple[Metric, ...]:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where} must be an object of metrics")
+    out = []
+    for name, m in obj.items():
+        if not isinstance(m, dict) or "value" not in m:
+            raise UsageError(f"{where}.{name} must be an object with a 'value'")
+        value = _number(m["value"], f"{where}.{name}.value", nullable=True)
+        ci = m.get("ci95")
+        if ci is not None and (not isinstance(ci, list) or len(ci) != 2):
+            raise UsageError(f"{where}.{name}.ci95 must be [low, high] or null")
+        low, high = (None, None) if ci is None else (_number(ci[0], f"{where}.{name}.ci95[0]"),
+                                                      _number(ci[1], f"{where}.{name}.ci95[1]"))
+        out.append(Metric(name, value, low, high))
+    return tuple(out)
+
+
+def _read_json(path: Path, what: str) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: unreadable validation summary ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise UsageError(f"{path}: validation summary must be an object with a 'metrics' object")
-    metrics = []
-    for name, m in data["metrics"].items():
-        if not isinstance(m, dict) or "value" not in m:
-            raise UsageError(f"{path}: metrics.{name} must be an object with a 'value'")
-        value = _number(m["value"], f"{path}: metrics.{name}.value")
-        ci = m.get("ci95")
-        if ci is None:
-            metrics.append(Metric(name, value, None, None))
-            continue
-        if not isinstance(ci, list) or len(ci) != 2:
-            raise UsageError(f"{path}: metrics.{name}.ci95 must be [low, high] or null")
-        metrics.append(Metric(name, value, _number(ci[0], f"{path}: metrics.{name}.ci95[0]"),
-                              _number(ci[1], f"{path}: metrics.{name}.ci95[1]")))
-    info = {k: v for k, v in data.items() if k != "metrics" and not isinstance(v, (dict, list))}
-    return tuple(metrics), info
+        raise UsageError(f"{path}: unreadable {what} ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: {what} must be a JSON object")
+    return data
+
+
+def _read_summary(path: Path) -> tuple[tuple[Metric, ...], dict[str, tuple[Metric, ...]], dict, tuple[str, ...]]:
+    data = _read_json(path, "validation summary")
+    if "metrics" not in data:
+        raise UsageError(f"{path}: validation summary has no 'metrics'")
+    metrics = _metrics(data["metrics"], f"{path}: metrics")
+    layers = data.get("layers", {})
+    if not isinstance(layers, dict):
+        raise UsageError(f"{path}: 'layers' must be an object of per-layer metrics")
+    per_layer = {str(k): _metrics(v, f"{path}: layers.{k}") for k, v in layers.items()}
+    notes = data.get("notes", [])
+    if not isinstance(notes, list):
+        raise UsageError(f"{path}: 'notes' must be a list of strings")
+    info = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
+    return metrics, per_layer, info, tuple(map(str, notes))
 
 
 def _read_strategies(path: Path) -> pd.DataFrame:
@@ -112,8 +151,10 @@ def load_validation(path: str | Path) -> Validation:
                  None)
     if not path.is_dir() or (not summary.is_file() and table is None):
         raise UsageError(f"{path}: not a validation directory (no summary.json or strategies.parquet/.csv)")
-    metrics, info = _read_summary(summary) if summary.is_file() else (None, {})
-    return Validation(path, metrics, info, _read_strategies(table) if table is not None else None)
+    metrics, layers, info, notes = _read_summary(summary) if summary.is_file() else (None, {}, {}, ())
+    meta = _read_json(path / "run.json", "validation run.json") if (path / "run.json").is_file() else None
+    return Validation(path, metrics, layers, info, notes, meta,
+                      _read_strategies(table) if table is not None else None)
 
 
 def paired_bars_figure(frame: pd.DataFrame):
@@ -170,29 +211,59 @@ def scatter_figure(frame: pd.DataFrame):
     return fig
 
 
+def headline(metrics: tuple[Metric, ...]) -> list[list[Metric | None]]:
+    """A grid of the headline metrics with a value: one row per scope that has any, one column per metric name
+    that any scope has (None where that scope lacks it)."""
+    have = {m.name: m for m in metrics if m.base in METRICS and m.value is not None}
+    names = [n for n in METRICS if any(p + n in have for p, _ in SCOPES)]
+    rows = [[have.get(p + n) for n in names] for p, _ in SCOPES]
+    return [row for row in rows if any(row)]
+
+
 def ranking_figure(metrics: tuple[Metric, ...]):
-    """One small panel per metric: the value as a dot with its 95% CI, on the metric's natural range."""
-    fig, axes = new_figure(3.0 * len(metrics), 2.8, ncols=len(metrics))
-    for ax, m in zip(axes, metrics):
+    """One small panel per headline metric and scope: the value as a dot with its 95% CI, on the metric's range."""
+    grid = headline(metrics)
+    ncols = len(grid[0])
+    fig, axes = new_figure(2.9 * ncols, 2.6 * len(grid) + 0.4, ncols=ncols, nrows=len(grid))
+    for ax, m in zip(axes, (m for row in grid for m in row)):
+        if m is None:
+            ax.set_visible(False)
+            continue
         err = None if m.low is None else [[m.value - m.low], [m.high - m.value]]
-        ax.errorbar([0], [m.value], yerr=err, marker="o", markersize=8, capsize=6, color=COLORS[0])
+        ax.errorbar([0], [m.value], yerr=err, marker="o", markersize=8, capsize=6,
+                    color=COLORS[m.name.startswith("comm_")])
         ax.annotate(f"{m.value:.3g}" + ("" if m.low is None else f"\n[{m.low:.3g}, {m.high:.3g}]"),
                     (0, m.value), xytext=(12, 0), textcoords="offset points", va="center", fontsize=9)
-        span = METRICS.get(m.name, (None, None))[1]
-        top = max(m.value, m.high if m.high is not None else m.value, 0) * 1.2 or 1
-        ax.set_ylim(*(span if span else (0, top)))
+        lo, hi = METRICS[m.base][1] or (0, max(m.value, m.high if m.high is not None else m.value, 0) * 1.2 or 1)
+        pad = 0.06 * (hi - lo)
+        ax.set_ylim(lo - pad, hi + pad)
         ax.set_xlim(-0.5, 1.5)
         ax.set_xticks([])
-        ax.set_title(m.title, fontsize=10)
+        ax.set_title(f"{m.title}\n({m.scope})", fontsize=9)
         ax.set_ylabel("value (95% CI)")
     fig.suptitle("Ranking accuracy", fontsize=12)
     return fig
 
 
+def _value(m: Metric) -> str:
+    return "n/a" if m.value is None else f"{m.value:.4g}"
+
+
 def metrics_table(metrics: tuple[Metric, ...]) -> Table:
-    rows = tuple((m.title, f"{m.value:.4g}", "n/a" if m.low is None else f"{m.low:.4g} – {m.high:.4g}")
-                 for m in metrics)
-    return Table("Ranking accuracy", ("metric", "value", "95% CI"), rows)
+    rows = tuple((m.scope, m.title, _value(m), "n/a" if m.low is None else f"{m.low:.4g} – {m.high:.4g}")
+                 for m in sorted(metrics, key=lambda m: m.name.startswith("comm_")))
+    return Table("Ranking accuracy over all layers", ("scope", "metric", "value", "95% CI"), rows)
+
+
+def per_layer_metrics_table(layers: dict[str, tuple[Metric, ...]]) -> Table:
+    """Per layer, the headline metrics end to end (value and CI)."""
+    rows = []
+    for layer, ms in layers.items():
+        by = {m.name: m for m in ms}
+        rows.append((layer, *(("—" if n not in by else _value(by[n]) + (
+            "" if by[n].low is None else f" [{by[n].low:.3g}, {by[n].high:.3g}]")) for n in METRICS)))
+    return Table("Ranking accuracy per layer (end to end)", ("layer", *(t for t, _ in METRICS.values())),
+                 tuple(rows))
 
 
 def layers_table(frame: pd.DataFrame) -> Table:
@@ -216,11 +287,19 @@ def section(val: Validation | None, root: Path) -> Section:
                    f"predictions.")]
     if val.info:
         blocks.append(Table("Validation run", ("field", "value"), tuple((k, str(v)) for k, v in val.info.items())))
-    if val.metrics:
+    if val.meta:
+        blocks += provenance.run_tables("validate", val.meta)
+    blocks += [Note(n) for n in val.notes]
+    if val.metrics and headline(val.metrics):
         blocks += [metrics_table(val.metrics),
                    save_figure(ranking_figure(val.metrics), root, "ranking-accuracy", "Ranking accuracy",
-                               "How well the predicted order of strategies matches the measured order, with 95% "
-                               "confidence intervals.")]
+                               "How well the predicted order of strategies matches the measured order, end to end "
+                               "and for communication alone, with 95% confidence intervals.")]
+        if val.layers:
+            blocks.append(per_layer_metrics_table(val.layers))
+    elif val.metrics:
+        blocks += [metrics_table(val.metrics), Note(f"{val.path}: none of {', '.join(METRICS)} has a value: "
+                                                    "no ranking panel.")]
     else:
         blocks.append(Note(f"{val.path}: no ranking metrics (summary.json is missing or lists none)."))
     if val.strategies is None:

@@ -40,10 +40,18 @@ def write_validation(path: Path, with_summary: bool = True, fmt: str = "parquet"
     else:
         frame.drop(columns=["measured_ci_low_s", "measured_ci_high_s"]).to_csv(path / "strategies.csv", index=False)
     if with_summary:
+        metric = lambda v, lo=None, hi=None: {"value": v, "ci95": None if lo is None else [lo, hi]}  # noqa: E731
         (path / "summary.json").write_text(json.dumps({
-            "calibration": "cal.json", "layers": 2,
-            "metrics": {"kendall_tau": {"value": 0.6, "ci95": [0.2, 0.9]}, "top1": {"value": 0.5, "ci95": [0.0, 1.0]},
-                        "regret": {"value": 0.08, "ci95": [0.0, 0.17]}, "mean_accuracy": {"value": 0.75, "ci95": None}}}))
+            "calibration": "cal.json", "mesh": "2x2", "layers_run": 2,
+            "metrics": {"kendall_tau": metric(0.6, 0.2, 0.9), "top1": metric(0.5, 0.0, 1.0),
+                        "regret": metric(0.08, 0.0, 0.17), "mean_accuracy": metric(0.75),
+                        "spearman_rho": metric(0.7, 0.3, 0.95), "comm_kendall_tau": metric(None),
+                        "comm_top1": metric(1.0, 1.0, 1.0)},
+            "layers": {"mlp.fc1": {"kendall_tau": metric(0.33, -0.5, 1.0), "top1": metric(0.0)},
+                       "attn.qkv": {"kendall_tau": metric(-1.0), "top1": metric(0.0)}},
+            "notes": ["comm_*: communication time only"]}))
+        (path / "run.json").write_text(json.dumps({"command": "validate", "machine": "testbox",
+                                                   "mpi_library_version": "Open MPI v5.0.9"}))
     return path
 
 
@@ -146,8 +154,13 @@ def test_validation_figures_pair_bars_sorted_by_measured_time(inputs):
     assert "measured" in ax.get_xlabel() and "predicted" in ax.get_ylabel()
     assert {"layer mlp.fc1", "layer attn.qkv", "y = x"} == set(_legend_of(ax))
     ranking = validation_view.ranking_figure(val.metrics)
-    assert [ax.get_title() for ax in ranking.axes] == ["Kendall's tau", "top-1 accuracy", "regret of predicted best",
-                                                       "mean pairwise accuracy"]
+    titles = [ax.get_title() for ax in ranking.axes if ax.get_visible()]
+    assert [t.split("\n")[0] for t in titles] == ["Kendall's tau", "top-1 accuracy", "regret of predicted best",
+                                                  "mean accuracy", "top-1 accuracy"]
+    assert titles[0].endswith("(end to end)") and titles[4].endswith("(communication only)")
+    assert [ax.get_visible() for ax in ranking.axes] == [True] * 4 + [False, True, False, False]   # comm tau is null
+    tau = ranking.axes[0]
+    assert tau.get_ylim()[0] < -1 and tau.get_ylim()[1] > 1 and tau.get_ylabel() == "value (95% CI)"
 
 
 def _legend_of(ax) -> list[str]:
@@ -169,6 +182,7 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
     assert "synthetic MPI 0.0" in html                          # provenance of the run
     assert "synthetic calibration, not fitted" in html          # the fit's warnings
     assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html    # the validation summary
+    assert "Ranking accuracy per layer" in html and "Open MPI v5.0.9" in html and "communication time only" in html
     assert "No calibration given" not in html and "No validation given" not in html
 
 
