@@ -52,3 +52,25 @@ def software_versions() -> dict[str, str]:
 
     return {"python": sys.version.split()[0], "numpy": np.__version__, "mpi4py": mpi4py.__version__,
             "platform": platform.platform()}
+
+
+def run_metadata(earlier: dict | None, hosts: list[str], *, mpi_library: str, mpi_standard: str, backend: str,
+                 backend_versions: dict, gpus: list, page_policy: str, timing_path: str, timing_note: str,
+                 options: dict) -> dict:
+    """run.json for a new run, or for a resumed one (keeping its id and start, noting the resumption)."""
+    from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION
+
+    run_id = earlier["run_id"] if earlier else f"{now().replace(':', '')[:15]}-{hosts[0]}-{os.getpid()}"
+    meta = dict(earlier or {}, schema=RUN_SCHEMA, version=RUN_SCHEMA_VERSION, run_id=run_id)
+    meta.setdefault("start_time", now())
+    meta["resumed_at"] = list(meta.get("resumed_at", [])) + ([now()] if earlier else [])
+    meta.update(
+        machine=machine_name(hosts), hosts=sorted(set(hosts)), world_size=len(hosts),
+        layout=[{"rank": r, "host": h} for r, h in enumerate(hosts)],
+        ranks_per_node={h: hosts.count(h) for h in dict.fromkeys(hosts)},
+        mpi_library_version=mpi_library, mpi_standard_version=mpi_standard,
+        versions=software_versions() | backend_versions, cpu=cpu_model(), command_line=sys.argv,
+        environment=relevant_environment(), backend=backend, gpus=gpus, page_policy=page_policy,
+        transparent_hugepages=transparent_hugepages(), timing_path=timing_path, timing_note=timing_note,
+        end_time=None, options=options)
+    return meta

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 
 from microbench.errors import UsageError
 from microbench.ops import parse_ops
@@ -103,7 +102,6 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from microbench import provenance, sweep
-    from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION
     from microbench.store import RunStore
 
     world = MPI.COMM_WORLD
@@ -134,27 +132,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(error)
     page_policy = set_page_policy(args.page_policy)
     timer, timing_note = backend.make_timer(world, args.timing)
+    gpus = backend.devices(world)                  # collective: every rank reports its device
     if world.rank == 0:
-        run_id = earlier["run_id"] if earlier else f"{provenance.now().replace(':', '')[:15]}-{hosts[0]}-{os.getpid()}"
-        meta = dict(earlier or {}, schema=RUN_SCHEMA, version=RUN_SCHEMA_VERSION, run_id=run_id)
-        meta.setdefault("start_time", provenance.now())
-        meta.setdefault("resumed_at", [])
-        if earlier:
-            meta["resumed_at"].append(provenance.now())
-        meta.update(
-            machine=provenance.machine_name(hosts), hosts=sorted(set(hosts)), world_size=world.size,
-            layout=[{"rank": r, "host": h} for r, h in enumerate(hosts)],
-            ranks_per_node={h: hosts.count(h) for h in dict.fromkeys(hosts)},
-            mpi_library_version=MPI.Get_library_version().strip(),
-            mpi_standard_version=".".join(map(str, MPI.Get_version())),
-            versions=provenance.software_versions() | backend.versions(), cpu=provenance.cpu_model(),
-            command_line=sys.argv, environment=provenance.relevant_environment(), backend=cfg.backend,
-            gpus=backend.devices(world), page_policy=page_policy,
-            transparent_hugepages=provenance.transparent_hugepages(),
-            timing_path=timer.path, timing_note=timing_note, end_time=None,
+        meta = provenance.run_metadata(
+            earlier, hosts, mpi_library=MPI.Get_library_version().strip(),
+            mpi_standard=".".join(map(str, MPI.Get_version())), backend=cfg.backend,
+            backend_versions=backend.versions(), gpus=gpus, page_policy=page_policy, timing_path=timer.path,
+            timing_note=timing_note,
             options=dict(ops=[op.name for op in cfg.ops], sizes=list(cfg.sizes), procs=list(cfg.procs),
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
-                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, quick=args.quick))
+                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, quick=args.quick,
+                         in_place=cfg.in_place))
+        run_id = meta["run_id"]
         store.write_run(meta)
         print(f"commcal sweep: {len(points)} points ({len(done)} already done), {world.size} ranks on "
               f"{len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}", flush=True)
@@ -174,7 +163,6 @@ def run(args: argparse.Namespace) -> int:
 
 def backend_for(name: str, world, hosts: list[str]):
     """The backend every rank agrees on; a rank that cannot set it up fails the whole job with its reason."""
-    from mpi4py import MPI
 
     from microbench.backends import BACKENDS
 

@@ -1,7 +1,6 @@
 """`commcal sweep` on real mpirun jobs: correct results, the expected records, resume after a
 SIGKILL, and one-line errors with exit code 2 for bad input."""
 
-import json
 import os
 import signal
 import subprocess
