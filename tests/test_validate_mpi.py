@@ -1,0 +1,82 @@
+"""`commcal validate` on real mpirun jobs: every strategy of matmul (linear), MLP and embedding runs with
+correct numerics at 2 and 4 ranks (meshes 2, 2x2, 4), the directory is what reports/validation_view.py
+reads, and bad input is one line with exit 2."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from calib.synthetic import synthetic_calibration
+from conftest import run_mpi
+from analysis.harness import TOLERANCE
+from analysis.mesh import parse_mesh
+from analysis.models import parse_model
+from reports.validation_view import load_validation
+
+pytestmark = pytest.mark.mpi
+OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
+LAYERS = ["--layer", "linear:m=8,k=8,n=16", "--layer", "mlp:batch=8,d_in=8,d_hidden=16",
+          "--layer", "embedding:vocab=16,dim=8,tokens=16,density=0.25"]
+FAST = ["--budget", "0.005", "--min-samples", "2", "--target-ci", "0.5", "--bootstrap", "50",
+        "--max-strategies", "1000"]
+
+
+def calibration(path, links=("intra",)):
+    models = {(op, link): (5e-6, 1e-9) for op in OPS for link in links}
+    path.write_text(json.dumps(synthetic_calibration(models, links={l: [2, 4] for l in links},
+                                                     gemm={"float32": 1e10, "float64": 5e9})))
+    return str(path)
+
+
+@pytest.mark.parametrize("ranks,mesh", [(2, "2"), (4, "2x2"), (4, "4")])
+def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
+    cal, out = calibration(tmp_path / "cal.json"), tmp_path / "val"
+    proc = run_mpi(ranks, ["validate", cal, "--mesh", mesh, "--out", str(out), *LAYERS, *FAST], check=True)
+    frame = pd.read_parquet(out / "strategies.parquet")
+    m = parse_mesh(mesh, ranks, ranks)
+    want = sum(len(l.strategies(m)) for spec in LAYERS[1::2] for l in parse_model(spec).layers)
+    assert len(frame) == want and set(frame["selected"]) == {"all"}
+    assert set(frame["layer"]) == {"linear.linear", "mlp.fc1", "mlp.act1", "mlp.fc2", "embedding.embed"}
+    assert (frame["max_rel_err"] <= TOLERANCE["float32"]).all()
+    assert (frame["measured_s"] > 0).all() and (frame["samples"] >= 2).all()
+    comm = frame[frame["comm_steps"] > 0]
+    assert len(comm) and (comm["measured_comm_s"] > 0).all() and (comm["predicted_comm_s"] > 0).all()
+    assert (frame.loc[frame["comm_steps"] == 0, "measured_comm_s"] == 0).all()
+    assert "numerics ok" in proc.stdout
+    steps = pd.read_parquet(out / "steps.parquet")
+    per = steps.groupby(["layer", "strategy"]).apply(lambda g: (g["op"] != "compute").sum() - (g["op"].isin(
+        ["slice", "partial"])).sum(), include_groups=False)
+    assert (per.reindex(pd.MultiIndex.from_frame(frame[["layer", "strategy"]])).to_numpy()
+            == frame["comm_steps"].to_numpy()).all()
+
+
+def test_directory_is_what_the_report_reads(tmp_path):
+    cal, out = calibration(tmp_path / "cal.json"), tmp_path / "val"
+    run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST], check=True)
+    val = load_validation(out)
+    names = {m.name for m in val.metrics}
+    assert {"kendall_tau", "top1", "regret", "mean_accuracy", "pairwise_accuracy", "comm_kendall_tau"} <= names
+    for m in val.metrics:
+        assert m.low is None or m.low <= m.value <= m.high
+    assert len(val.strategies) == 8 and {"predicted_comm_s", "measured_comm_s"} <= set(val.strategies.columns)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
+    assert json.loads((out / "run.json").read_text())["mpi_library_version"]
+
+
+@pytest.mark.parametrize("ranks,args,says", [
+    (2, ["--mesh", "2x2", "--layer", "linear:m=8,k=8,n=8"], "has 4 devices"),
+    (2, ["--mesh", "2", "--layer", "linear:m=3,k=8,n=8"], "not divisible by 2"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--inter-only"], "link class 'intra'"),
+    (2, ["--mesh", "2", "--layer", "bogus"], "unknown model or layer"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
+    inter = "--inter-only" in args
+    cal = calibration(tmp_path / "cal.json", ("inter",) if inter else ("intra",))
+    args = [a for a in args if a != "--inter-only"]
+    proc = run_mpi(ranks, ["validate", cal, "--out", str(tmp_path / "v"), *args, *FAST])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "v").exists()
