@@ -31,6 +31,23 @@ def flatten(obj, prefix: str = "") -> dict[str, str]:
     return {prefix[:-1]: str(obj)}
 
 
+GLANCE = (("machine", ("machine",)), ("hosts", ("hosts",)), ("ranks", ("world_size",)),
+          ("MPI library", ("mpi_library_version", "mpi_library")), ("mpi4py", ("versions.mpi4py",)),
+          ("backend", ("backend",)), ("started", ("start_time", "started_utc", "date")))
+"""The columns of the one-line-per-run summary, each from the first run.json key (flattened) that is present."""
+
+
+def glance(runs: list[tuple[str, dict]]) -> Table:
+    """One row per run: where, with what MPI, when; the MPI library's first clause only (its banner is long)."""
+    rows = []
+    for name, meta in runs:
+        flat = flatten(meta)
+        cells = [next((flat[k] for k in keys if k in flat), "unknown") for _, keys in GLANCE]
+        cells[3] = cells[3].split(",")[0]
+        rows.append((name, *cells))
+    return Table("Runs at a glance", ("run", *(c for c, _ in GLANCE)), tuple(rows))
+
+
 def run_tables(name: str, meta: dict) -> list[Table]:
     """One key/value table of the run's provenance, and one of its recorded environment if it has one."""
     body = {k: v for k, v in meta.items() if k not in ENV_KEYS and k not in SKIP}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 
 from reports.document import Document, FigureRef, Note, Table, Text
@@ -25,9 +26,21 @@ figcaption{color:#555;font-size:.9em}
 """
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _printable(text: str) -> str:
+    """Drop control characters (MPI banners end in NUL) that would make the page or the Markdown binary."""
+    return _CONTROL.sub("", text)
+
+
+def _esc(text: str) -> str:
+    return html.escape(_printable(text))
+
+
 def to_html(doc: Document, root: Path) -> str:
     """The page; `root` is the report directory the figures' relative paths start from."""
-    esc = html.escape
+    esc = _esc
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{esc(doc.title)}</title><style>{_CSS}</style></head><body>",
            f"<h1>{esc(doc.title)}</h1>", f'<p class="subtitle">{esc(doc.subtitle)}</p>',
@@ -41,7 +54,7 @@ def to_html(doc: Document, root: Path) -> str:
 
 
 def _html_block(block, root: Path) -> str:
-    esc = html.escape
+    esc = _esc
     if isinstance(block, Text):
         return f"<p>{esc(block.text)}</p>"
     if isinstance(block, Note):
@@ -69,14 +82,14 @@ def to_markdown(doc: Document) -> str:
 
 
 def _md_cell(value: str) -> str:
-    return value.replace("|", "\\|").replace("\n", " ")
+    return _printable(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _md_block(block) -> str:
     if isinstance(block, Text):
-        return block.text
+        return _printable(block.text)
     if isinstance(block, Note):
-        return f"> **{block.kind.capitalize()}:** {block.text}"
+        return f"> **{block.kind.capitalize()}:** {_printable(block.text)}"
     if isinstance(block, Table):
         lines = [f"**{block.title}**", "", "| " + " | ".join(map(_md_cell, block.columns)) + " |",
                  "|" + "|".join(["---"] * len(block.columns)) + "|"]

@@ -33,6 +33,7 @@ def build(runs_dirs: list[str], cal_path: str | None, validation_dir: str | None
     val = validation_view.load_validation(validation_dir) if validation_dir else None
     prov = [provenance.report_versions()]
     if runs is not None:
+        prov.append(provenance.glance([(run.path.name, run.meta) for run in runs.runs]))
         for run in runs.runs:
             prov += provenance.run_tables(run.path.name, run.meta)
     sections = [Section("provenance", "Provenance", tuple(prov)),

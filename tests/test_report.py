@@ -179,7 +179,7 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
         assert f"<h2>{title}</h2>" in html and f"## {title}" in md
     assert html.count("data:image/png;base64,") == len(figures)
     assert all(f"figures/{f}.png" in md for f in figures)
-    assert "synthetic MPI 0.0" in html                          # provenance of the run
+    assert "Runs at a glance" in html and "synthetic MPI 0.0" in html   # provenance of the run
     assert "synthetic calibration, not fitted" in html          # the fit's warnings
     assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html    # the validation summary
     assert "Ranking accuracy per layer" in html and "Open MPI v5.0.9" in html and "communication time only" in html
@@ -189,9 +189,13 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
 def test_missing_inputs_leave_a_note_not_a_crash(tmp_path):
     run = write_synthetic_run(tmp_path / "small", {("pingpong", "intra"): (1e-6, 1e-10)}, {"intra": [2]},
                               sizes=(8, 1024, 65536), samples=5)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "mpi_library_version": "Open MPI v5.0.9, ident: 5.0.9\x00"}))
     out = tmp_path / "rep"
     assert main(["report", "--run", str(run), "--out", str(out)]) == 0
     html = (out / "report.html").read_text()
+    assert "\x00" not in html and "\x00" not in (out / "report.md").read_text()   # MPI banners end in NUL
+    assert "<td>Open MPI v5.0.9</td>" in html    # the at-a-glance table keeps the banner's first clause
     assert "No calibration given" in html and "No validation given" in html and "Residuals" not in html
     assert sorted(p.name for p in (out / "figures").iterdir()) == ["measured-pingpong-intra.png",
                                                                    "measured-pingpong-intra.svg"]
