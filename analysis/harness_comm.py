@@ -12,14 +12,16 @@ from microbench.errors import UsageError
 from microbench.topology import nodes_of
 
 
-def job_mesh(world: MPI.Comm, text: str) -> tuple[Mesh, tuple[int, ...], list[str]]:
+def job_mesh(world: MPI.Comm, text: str | None) -> tuple[Mesh, tuple[int, ...], list[str]]:
     """(mesh, this rank's coordinate, every rank's host). Mesh devices fill nodes in order, so axis link
-    classes are the real ones; the mesh must have exactly the world's size."""
+    classes are the real ones; the mesh must have exactly the world's size (default: nodes x ranks per node)."""
     hosts = world.allgather(MPI.Get_processor_name())
     nodes = nodes_of(hosts)
     if len({len(n) for n in nodes}) != 1:
         raise UsageError(f"uneven ranks per node ({', '.join(str(len(n)) for n in nodes)}): the mesh needs "
                          f"the same number on every node")
+    if text is None:
+        text = f"{len(nodes)}x{len(nodes[0])}" if len(nodes) > 1 else str(world.size)
     mesh = parse_mesh(text, len(nodes[0]), world.size)
     device = [r for node in nodes for r in node].index(world.rank)
     return mesh, mesh.coord(device), hosts

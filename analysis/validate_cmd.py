@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", action="append", default=[], metavar="SPEC",
                    help="layer or model spec (repeatable), e.g. linear:m=1024,k=1024,n=1024, mlp, "
                         "transformer:d=256,heads=4,seq=64,batch=4, embedding:vocab=4096,dim=256,tokens=1024")
-    p.add_argument("--mesh", required=True, help="device mesh, e.g. 2x2 (nodes x ranks per node); size = world")
+    p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
+                   "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES)
     p.add_argument("--quick", action="store_true",

@@ -28,7 +28,7 @@ def main(args, cfg, layers, cal) -> int:
     work = []
     for name, layer in layers:
         opts = tab.options(layer, True)
-        check_feasible(name, opts, args.mesh)
+        check_feasible(name, opts, "x".join(map(str, mesh.shape)))
         check_links(name, opts.schedules, mesh, cal)
         work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
     coll = Collectives(world, mesh, coord)
