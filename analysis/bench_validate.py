@@ -1,0 +1,66 @@
+"""Benchmark: does a machine's calibration rank strategies the way reality does? Sweeps the collectives
+(intra and inter links, 2 ranks each), fits a calibration, validates communication-heavy layers on mesh
+2x2, and prints the figures against issue 6's targets. On the local cluster (2 nodes x 2 ranks):
+
+    slurm/cluster.sh up --nodes 2 --rate 400mbit --no-slurm
+    python -m analysis.bench_validate --launch "slurm/cluster.sh mpirun -n 4 --host node1:2,node2:2" --out /tmp/bv
+    slurm/cluster.sh down
+
+--calibration CAL skips the sweep and the fit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
+          "embedding:vocab=8192,dim=256,tokens=1024,density=0.05")
+SWEEP = ["--ops", "allreduce,allgather,reduce_scatter,alltoall", "--procs", "2",
+         "--sizes", "1K:16M", "--gemm-sizes", "256K,1M,4M", "--target-ci", "0.05", "--point-budget", "0.3"]
+TARGETS = (("comm_kendall_tau", ">=", 0.9), ("comm_regret", "<=", 0.03), ("comm_mean_accuracy", ">=", 0.95))
+
+
+def _run(argv: list[str]) -> None:
+    print("$", shlex.join(argv), flush=True)
+    t0 = time.monotonic()
+    subprocess.run(argv, check=True)
+    print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks on 2 nodes")
+    p.add_argument("--out", required=True)
+    p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
+    p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")
+    p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    commcal = [sys.executable, "-m", "microbench.cli"]
+    launch = shlex.split(args.launch)
+    cal = args.calibration
+    if cal is None:
+        cal = str(out / "calibration.json")
+        _run([*launch, *commcal, "sweep", "--out", str(out / "sweep"), *SWEEP, "--links", args.links])
+        _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
+    layers = [a for spec in LAYERS for a in ("--layer", spec)]
+    _run([*launch, *commcal, "validate", cal, "--mesh", "2x2", "--out", str(out / "validate"), *layers,
+          *shlex.split(args.validate_args)])
+    metrics = json.loads((out / "validate" / "summary.json").read_text())["metrics"]
+    print(f"{'metric':<26} {'value':>8}  95% CI              target")
+    for name in sorted(metrics, key=lambda n: (not n.startswith("comm_"), n)):
+        v, ci = metrics[name]["value"], metrics[name]["ci95"]
+        target = next((f"{op} {t:g}" + ("  MET" if (v >= t if op == ">=" else v <= t) else "  missed")
+                       for n, op, t in TARGETS if n == name), "")
+        cis = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        print(f"{name:<26} {v:>8.4f}  {cis:<19} {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
