@@ -12,7 +12,7 @@ A validation directory DIR holds (summary.json or the strategies table may be ab
   DIR/strategies.parquet or DIR/strategies.csv   one row per (layer, strategy):
       required: layer, strategy, predicted_s, measured_s
       optional: predicted_low_s, predicted_high_s (prediction interval), measured_ci_low_s, measured_ci_high_s,
-                predicted_comm_s, measured_comm_s (the communication part of each time)
+                predicted_comm_s, measured_comm_s (the communication part of each time); empty (NaN) where unknown
   DIR/run.json (optional)   provenance of the validation run, shown as a table.
 """
 
@@ -138,8 +138,11 @@ def _read_strategies(path: Path) -> pd.DataFrame:
     if frame.empty:
         raise UsageError(f"{path}: strategies table has no rows")
     for col in (*REQUIRED[2:], *(c for c in OPTIONAL if c in frame.columns)):
-        if not pd.api.types.is_numeric_dtype(frame[col]) or not np.isfinite(frame[col]).all():
-            raise UsageError(f"{path}: strategies column {col} must hold finite numbers")
+        values = frame[col]
+        bad = not pd.api.types.is_numeric_dtype(values) or np.isinf(values).any()
+        if bad or (col in REQUIRED and values.isna().any()):
+            raise UsageError(f"{path}: strategies column {col} must hold finite numbers"
+                             + ("" if col in REQUIRED else " (or be empty where unknown)"))
     return frame.astype({"layer": str, "strategy": str})
 
 
@@ -161,9 +164,10 @@ def paired_bars_figure(frame: pd.DataFrame):
     """Per layer, predicted and measured time of each strategy side by side, sorted by measured time; the
     communication part hatched where the table has it; whiskers are the intervals where it has them."""
     layers = list(dict.fromkeys(frame["layer"]))
-    ncols = min(3, len(layers))
+    most = int(frame.groupby("layer").size().max())
+    ncols = 1 if most > 10 else min(3, len(layers))   # many strategies: one layer per row, as wide as it takes
     nrows = math.ceil(len(layers) / ncols)
-    width_per = max(4.0, 0.55 * frame.groupby("layer").size().max() + 1.5)
+    width_per = min(18.0, max(4.0, 0.5 * most + 1.5))
     fig, axes = new_figure(width_per * ncols, 3.6 * nrows + 0.6, ncols=ncols, nrows=nrows)
     for ax, layer in zip(axes, layers):
         rows = frame[frame["layer"] == layer].sort_values("measured_s")
@@ -178,9 +182,14 @@ def paired_bars_figure(frame: pd.DataFrame):
             if f"{kind}_comm_s" in rows:
                 ax.bar(x + offset, rows[f"{kind}_comm_s"].to_numpy() * MS, 0.4, fill=False, hatch="///",
                        edgecolor="0.25", linewidth=0, label=f"{kind}: communication")
-        ax.set_xticks(x, rows["strategy"], rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(x, rows["strategy"], rotation=30 if most <= 10 else 90, ha="right" if most <= 10 else "center",
+                      fontsize=8)
         ax.set_xlabel("strategy (sorted by measured time)")
         ax.set_ylabel(TIME_LABEL)
+        both = rows[["measured_s", "predicted_s"]].to_numpy().ravel()
+        if both.min() > 0 and both.max() / both.min() > 30:   # bars a hundredth of their neighbours vanish
+            log_values(ax.yaxis)
+            ax.set_ylabel(f"{TIME_LABEL}, log scale")
         ax.set_title(f"layer {layer}")
     for ax in axes[len(layers):]:
         ax.set_visible(False)
@@ -278,6 +287,15 @@ def layers_table(frame: pd.DataFrame) -> Table:
                                "its measured time (ms)", "regret"), tuple(rows))
 
 
+def _zeros(frame: pd.DataFrame) -> str:
+    """A caption sentence naming the strategies a log axis cannot show (a time of zero)."""
+    zero = frame[(frame["predicted_s"] <= 0) | (frame["measured_s"] <= 0)]
+    if zero.empty:
+        return ""
+    return (f" Not drawn: {len(zero)} strategies with a time of 0 (layers "
+            f"{', '.join(dict.fromkeys(zero['layer']))}), which a log axis cannot show.")
+
+
 def section(val: Validation | None, root: Path) -> Section:
     title = "Validation"
     if val is None:
@@ -312,7 +330,7 @@ def section(val: Validation | None, root: Path) -> Section:
                            "the communication part where recorded; whiskers: intervals where recorded."),
                save_figure(scatter_figure(frame), root, "validation-scatter", "Predicted vs measured scatter",
                            "Each strategy's predicted against measured time; points on the dashed y = x line are "
-                           "predicted exactly.")]
+                           "predicted exactly." + _zeros(frame))]
     missing = [c for c in OPTIONAL if c not in frame.columns]
     if missing:
         blocks.append(Note(f"The strategies table has no {', '.join(missing)}: those parts are not drawn."))

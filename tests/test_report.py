@@ -232,3 +232,17 @@ def test_run_missing_columns_is_a_usage_error(inputs, tmp_path):
     pd.read_parquet(bad / "summary.parquet").drop(columns=["median_s"]).to_parquet(bad / "summary.parquet")
     with pytest.raises(UsageError, match="median_s"):
         report_cmd.build([str(bad)], None, None, tmp_path / "out")
+
+
+def test_validation_table_allows_unknown_intervals_but_not_missing_times(tmp_path):
+    val = write_validation(tmp_path / "v")
+    frame = pd.read_parquet(val / "strategies.parquet")
+    frame.loc[0, ["measured_ci_low_s", "measured_ci_high_s"]] = np.nan   # too few samples for a CI
+    frame.to_parquet(val / "strategies.parquet")
+    assert validation_view.load_validation(val).strategies["measured_ci_low_s"].isna().sum() == 1
+    for col, value in (("measured_s", np.nan), ("measured_ci_high_s", np.inf)):
+        broken = frame.copy()
+        broken.loc[1, col] = value
+        broken.to_parquet(val / "strategies.parquet")
+        with pytest.raises(UsageError, match=col):
+            validation_view.load_validation(val)
