@@ -76,12 +76,18 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _verdict(c: Change) -> str:
+    if c.a is None or c.b is None:
+        return "only in B" if c.a is None else "only in A"
+    return "CHANGED" if c.significant else ""
+
+
 def table(items: list[Change]) -> Table:
     rows = tuple((c.subject, c.parameter, _fmt(c.a), _fmt(c.b),
                   "—" if c.relative is None else f"{100 * c.relative:+.1f}%",
                   "—" if c.a_ci is None else f"{c.a_ci[0]:.4g} – {c.a_ci[1]:.4g}",
                   "—" if c.b_ci is None else f"{c.b_ci[0]:.4g} – {c.b_ci[1]:.4g}",
-                  "CHANGED" if c.significant else "") for c in items)
+                  _verdict(c)) for c in items)
     return Table("Parameters of A and B", ("model", "parameter", "A", "B", "change", "A 95% CI", "B 95% CI",
                                            "beyond CI"), rows)
 

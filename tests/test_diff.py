@@ -77,13 +77,24 @@ def test_diff_cli_prints_table_writes_files_and_checks(cals, capsys):
     a, b, out = cals
     assert main(["diff", str(a), str(b), "--out", str(out / "d")]) == 0
     text = capsys.readouterr().out
-    assert "allreduce/inter" in text and "-50.0%" in text and "2 of" in text
+    assert "allreduce/inter" in text and "-50.0%" in text and "2 of" in text and "CHANGED" in text
     for name in ("diff.html", "diff.md", "figures/diff.png", "figures/diff.svg"):
         assert (out / "d" / name).stat().st_size > 0
     assert "What changed" in (out / "d" / "diff.html").read_text()
     assert main(["diff", str(a), str(b), "--check"]) == 1
     assert main(["diff", str(a), str(a), "--check"]) == 0
     assert "0 of" in capsys.readouterr().out
+
+
+def test_models_in_one_calibration_only_are_named_as_such(cals):
+    a, b, _ = cals
+    data_b = json.loads(b.read_text())
+    del data_b["models"]["pingpong"]
+    items = diff.changes(json.loads(a.read_text()), data_b)
+    rows = {(r[0], r[1]): r[-1] for r in diff.table(items).rows}
+    assert rows[("pingpong/inter", "alpha (µs)")] == "only in A"
+    assert rows[("allreduce/inter", "bandwidth 1/beta (GB/s)")] == "CHANGED"
+    assert rows[("allreduce/intra", "alpha (µs)")] == ""
 
 
 def test_diff_of_a_corrupt_calibration_is_a_usage_error(cals, capsys):
