@@ -32,6 +32,7 @@ D=${COMMCAL_CLUSTER_DIR:-/tmp/commcal-cluster}
 NSPREFIX=commcal-
 SUBNET=10.77.0
 CTL_IP=$SUBNET.254
+OWNER=/run/commcal-cluster.dir   # which state directory the running cluster belongs to
 
 die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
 log() { printf 'cluster: %s\n' "$*" >&2; }
@@ -98,7 +99,7 @@ cmd_up() {
     done
   fi
   if [ -f "$D/state.env" ] || ip netns list | grep -q "^${NSPREFIX}ctl\b"; then
-    die "a cluster is already up (state in $D); run: slurm/cluster.sh down"
+    die "a cluster is already up (state in $(cat "$OWNER" 2>/dev/null || echo "$D")); run: slurm/cluster.sh down"
   fi
   if ip route show "$SUBNET.0/24" | grep -qv '^unreachable'; then
     die "the root namespace already routes $SUBNET.0/24; refusing to shadow it"
@@ -109,6 +110,7 @@ cmd_up() {
   trap 'if [ "$UP_DONE" = 0 ]; then log "up failed; tearing down"; cmd_down >/dev/null 2>&1 || true; fi' EXIT
   trap 'exit 130' INT TERM
   mkdir -p "$D"/{pids,log,run,spool,tmp,bin,munge}
+  echo "$D" >"$OWNER"
   chmod 755 "$D"
   cat >"$D/state.env" <<EOF
 NODES=$nodes
@@ -299,7 +301,11 @@ EOF
 # ---------------------------------------------------------------------------------------------
 cmd_down() {
   need_root
-  local nodes=0 f pid ns i any=0
+  local nodes=0 f pid ns i any=0 owner
+  owner=$(cat "$OWNER" 2>/dev/null || true)
+  if [ -n "$owner" ] && [ "$owner" != "$D" ] && [ -f "$owner/state.env" ]; then
+    die "the cluster that is up belongs to $owner, not $D: run COMMCAL_CLUSTER_DIR=$owner $0 down"
+  fi
   if [ -f "$D/state.env" ]; then
     # shellcheck disable=SC1091
     . "$D/state.env"; nodes=$NODES
@@ -349,6 +355,7 @@ cmd_down() {
   if [ -f "$D/state.env" ] || [ -d "$D/pids" ]; then
     rm -rf "$D"; any=1
   fi
+  rm -f "$OWNER"
   if [ $any = 1 ]; then log "down: stopped and removed"; else log "down: nothing to do"; fi
 }
 
@@ -411,6 +418,9 @@ cmd_env() {
 }
 
 main() {
+  # The wrappers in $D/bin call this script: the real commands must not resolve to them again.
+  PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$D/bin" | paste -sd: -)
+  export PATH
   local cmd=${1:-}; [ $# -gt 0 ] && shift
   case $cmd in
     up) cmd_up "$@" ;;

@@ -126,9 +126,12 @@ def test_nodes_have_their_own_hostnames_and_addresses(cluster):
 def test_srun_and_sbatch_reach_both_nodes(cluster):
     out = cluster.run("srun", "-N2", "-n2", "hostname", timeout=60).stdout.split()
     assert sorted(out) == list(NODES)
-    # the generated wrappers work from the host side as plain commands (PATH=$state/bin:$PATH)
-    wrapper = subprocess.run([str(cluster.state / "bin" / "sinfo"), "-h", "-N", "-o", "%N %T"], env=cluster.env,
-                             capture_output=True, text=True, timeout=60)
+    # the generated wrappers work from the host side as plain commands: eval "$(cluster.sh env)"
+    exports = dict(re.findall(r"^export (\w+)=(.*)$", cluster.run("env").stdout, re.M))
+    env = {**cluster.env, "SLURM_CONF": exports["SLURM_CONF"],
+           "PATH": exports["PATH"].replace("$PATH", cluster.env["PATH"])}
+    wrapper = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True,
+                             timeout=60)
     assert wrapper.returncode == 0 and sorted(wrapper.stdout.split()) == ["idle", "idle", *NODES], wrapper
     job = cluster.sbatch("-N2", "--ntasks-per-node=1", "-o", "hello-%j.out", "--wrap", "srun hostname")
     t0 = time.monotonic()
