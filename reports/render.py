@@ -16,8 +16,8 @@ h1{margin-bottom:.1em}.subtitle{color:#666;margin-top:0}
 h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
 nav ul{columns:2;list-style:none;padding-left:0}
 table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.92em}
-th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f3f3f3}
 caption{caption-side:top;text-align:left;font-weight:600;padding:.3em 0}
 figure{margin:1em 0 2em}figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#555;font-size:.9em}
