@@ -59,7 +59,7 @@ case "$action" in
     commcal fit "$out/run" --out "$out/calibration.json"
     log "report -> $out/report"
     commcal report --run "$out/run" --calibration "$out/calibration.json" --out "$out/report"
-    log "done: $out/calibration.json, $out/report/index.html" ;;
+    log "done: $out/calibration.json, $out/report/report.html" ;;
   test)
     [ "$(id -u)" = 0 ] && apt_install iproute2 munge slurmctld slurmd slurm-client libpmix2 libpmix-dev
     setup_python; mpi_env
