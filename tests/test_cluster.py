@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, VENV_BIN
+from conftest import REPO, VENV_BIN, run_cli
 
 pytestmark = pytest.mark.cluster
 
@@ -206,6 +206,12 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     print(f"inter-node pingpong bandwidth {bw / 1e6:.2f} MB/s, expected {EXPECTED_BPS / 1e6:.2f} MB/s "
           f"({bw / EXPECTED_BPS - 1:+.1%}); intra-node {intra / 1e6:.0f} MB/s")
     assert abs(bw / EXPECTED_BPS - 1) <= 0.05, (bw, EXPECTED_BPS, log)
+    # and what a planner asks the calibration: an 8 MiB message between nodes moves at that rate
+    pred = run_cli(["predict", str(cals[0]), "--op", "pingpong", "--link", "inter", "--procs", "2", "--bytes", "8M",
+                    "--json"])
+    assert pred.returncode == 0, pred.stdout + pred.stderr
+    seconds = json.loads(pred.stdout)["seconds"]
+    assert abs((8 << 20) / seconds / EXPECTED_BPS - 1) <= 0.05, (seconds, pred.stdout)
     assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
 
 
