@@ -41,6 +41,7 @@ set -euo pipefail
 say() { printf 'commcal-sweep: %s\n' "$*"; }
 fail() { printf 'commcal-sweep: FAILED: %s\n' "$1" >&2; exit "${2:-1}"; }
 
+trap 'fail "terminated by a signal (time limit, scancel or node failure); finished points are kept in ${run_dir:-the run directory}: resubmit the same command to resume" 143' TERM INT
 [ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job: submit with sbatch slurm/sweep.sh" 2
 cd "${SLURM_SUBMIT_DIR:-$PWD}"
 
