@@ -7,10 +7,6 @@ end to end and communication only) and run.json (provenance): the format reports
 from __future__ import annotations
 
 import argparse
-import os
-
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")    # ranks share the cores: one BLAS thread each (set before numpy loads)
 from dataclasses import dataclass
 
 import numpy as np

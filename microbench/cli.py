@@ -23,6 +23,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+RANK_SUBCOMMANDS = {"sweep", "validate"}
+"""Run by every rank of an MPI job: each rank gets one BLAS thread (unless the user chose), so the GEMM
+rate the sweep measures is the rate each rank has when all ranks compute at once, as in validate."""
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def launcher_rank() -> int:
     """This process's rank as the launcher told it (0 outside MPI); read from the environment so that
     usage errors print once without initialising MPI."""
@@ -63,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if name is not None and name not in SUBCOMMANDS:
             raise UsageError(f"unknown subcommand {name!r}; choose from {', '.join(SUBCOMMANDS)}")
+        if name in RANK_SUBCOMMANDS:
+            for var in BLAS_THREAD_VARIABLES:   # before numpy loads
+                os.environ.setdefault(var, "1")
         parser, module = build_parser(name)
         args = parser.parse_args(argv)
         if module is None:

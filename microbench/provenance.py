@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-ENV_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "UCX_", "NCCL_", "SLURM_", "MPICH_", "I_MPI_", "CUDA_")
+ENV_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "UCX_", "NCCL_", "SLURM_", "MPICH_", "I_MPI_", "CUDA_", "OPENBLAS_",
+                "OMP_", "MKL_")
 
 
 def now() -> str:

@@ -91,8 +91,10 @@ def runs_table(data: dict) -> Table:
 
 
 def warnings(data: dict) -> list[str]:
-    """The file's own warnings, then each model's, prefixed with op/link."""
-    return [*data["warnings"], *(f"{op}/{link}: {w}" for op, link, m in models(data) for w in m["warnings"])]
+    """The file's own warnings, then each model's (prefixed with op/link) that the file does not repeat."""
+    per_model = (w if w.startswith(f"{op}/{link}:") else f"{op}/{link}: {w}"
+                 for op, link, m in models(data) for w in m["warnings"])
+    return list(dict.fromkeys([*data["warnings"], *per_model]))
 
 
 def grid(data: dict, value) -> tuple[list[str], list[str], np.ndarray]:
@@ -168,7 +170,12 @@ def section(cal, root: Path) -> Section:
                    f"segment(s) per model, {fit['folds']}-fold held-out validation."),
               runs_table(data), link_table(data)]
     notes = warnings(data)
-    blocks += [Note(w, "warning") for w in notes] or [Note("The fit raised no warnings.")]
+    if notes:
+        blocks += [Note(f"The fit raised {len(notes)} warning(s): poor or unidentifiable models are listed below "
+                        f"rather than hidden.", "warning"),
+                   Table("Fit warnings", ("warning",), tuple((w,) for w in notes))]
+    else:
+        blocks.append(Note("The fit raised no warnings."))
     if not data["models"]:
         return Section("calibration", title, (*blocks, Note("The calibration holds no collective models.")))
     blocks += [alpha_beta_table(data),

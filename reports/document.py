@@ -24,6 +24,7 @@ class Table:
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    folded: bool = False        # long reference material: HTML shows it behind its title
 
 
 @dataclass(frozen=True)

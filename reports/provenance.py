@@ -51,11 +51,11 @@ def glance(runs: list[tuple[str, dict]]) -> Table:
 def run_tables(name: str, meta: dict) -> list[Table]:
     """One key/value table of the run's provenance, and one of its recorded environment if it has one."""
     body = {k: v for k, v in meta.items() if k not in ENV_KEYS and k not in SKIP}
-    tables = [Table(f"Run {name}", ("field", "value"), tuple(flatten(body).items()))]
+    tables = [Table(f"Run {name}", ("field", "value"), tuple(flatten(body).items()), folded=True)]
     for key in ENV_KEYS:
         if isinstance(meta.get(key), dict) and meta[key]:
             tables.append(Table(f"Run {name}: environment", ("variable", "value"),
-                                tuple(flatten(meta[key]).items())))
+                                tuple(flatten(meta[key]).items()), folded=True))
     return tables
 
 

@@ -62,7 +62,10 @@ def _html_block(block, root: Path) -> str:
     if isinstance(block, Table):
         head = "".join(f"<th>{esc(c)}</th>" for c in block.columns)
         body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in block.rows)
-        return f"<table><caption>{esc(block.title)}</caption><tr>{head}</tr>{body}</table>"
+        table = f"<table><caption>{esc(block.title)}</caption><tr>{head}</tr>{body}</table>"
+        if block.folded:
+            return f"<details><summary>{esc(block.title)} ({len(block.rows)} rows)</summary>{table}</details>"
+        return table
     if isinstance(block, FigureRef):
         data = base64.b64encode((root / block.png).read_bytes()).decode("ascii")
         svg = f' (<a href="{esc(block.svg.as_posix())}">SVG</a>)' if block.svg else ""

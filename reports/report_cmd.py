@@ -33,12 +33,12 @@ def build(runs_dirs: list[str], cal_path: str | None, validation_dir: str | None
     val = validation_view.load_validation(validation_dir) if validation_dir else None
     prov = [provenance.report_versions()]
     if runs is not None:
-        prov.append(provenance.glance([(run.path.name, run.meta) for run in runs.runs]))
+        prov.insert(0, provenance.glance([(run.path.name, run.meta) for run in runs.runs]))
         for run in runs.runs:
             prov += provenance.run_tables(run.path.name, run.meta)
-    sections = [Section("provenance", "Provenance", tuple(prov)),
-                measurements.section(runs, cal, out), calibration_view.section(cal, out),
-                validation_view.section(val, out)]
+    # results first; the full provenance (folded in HTML) closes the report
+    sections = [calibration_view.section(cal, out), measurements.section(runs, cal, out),
+                validation_view.section(val, out), Section("provenance", "Provenance", tuple(prov))]
     inputs = ", ".join([*(f"run {d}" for d in runs_dirs), *([f"calibration {cal_path}"] if cal_path else []),
                         *([f"validation {validation_dir}"] if validation_dir else [])])
     return Document(title, f"Built from {inputs}.", tuple(sections))
