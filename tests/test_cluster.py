@@ -215,6 +215,29 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
 
 
+def test_time_limit_kill_keeps_points_and_resubmission_resumes(cluster):
+    # a full-size sweep cannot finish in sbatch's smallest time limit (1 minute)
+    env = {"COMMCAL_OPS": "allreduce,pingpong", "COMMCAL_OUT_DIR": str(cluster.work / "timelimit"),
+           "COMMCAL_RUN_NAME": "run", "COMMCAL_REPORT": "0"}
+    points = cluster.work / "timelimit" / "run" / "points"
+    job = cluster.sbatch("-t", "1", "-o", "tl-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(job, 180)
+    log = (cluster.work / f"tl-{job}.out").read_text()
+    assert not ok and "TIMEOUT" in text, f"{text}\n{log}"
+    assert "commcal-sweep: FAILED: terminated" in log, log
+    kept = len(list(points.glob("*.json")))
+    assert kept >= 5, f"finished points must survive the time limit:\n{log}"
+    job = cluster.sbatch("-t", "5", "-o", "tl-%j.out", str(SWEEP), env=env)
+    log_path = cluster.work / f"tl-{job}.out"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "already done" not in (log_path.read_text() if log_path.exists() else ""):
+        time.sleep(0.2)
+    cluster.run("scancel", str(job))
+    cluster.wait(job, 60)
+    m = re.search(r"(\d+) points \((\d+) already done\)", log_path.read_text())
+    assert m and int(m.group(2)) >= kept, log_path.read_text()
+
+
 def test_plain_mpirun_sweep_across_the_nodes(cluster):
     out = cluster.work / "plain"
     commcal = str(VENV_BIN / "commcal")
