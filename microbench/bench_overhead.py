@@ -3,7 +3,8 @@
 Run on 2 ranks: `mpirun -n 2 --oversubscribe --bind-to none python -m microbench.bench_overhead`.
 Each round measures, side by side in one job, ping-pong and allreduce with the sweep's own
 measuring function (compiled path and Python path) and with ref_loop.c; it prints per-round
-medians and the median ratio to the C reference (target: within 20% at 8 B, 2% at >= 64 KiB).
+medians and the median ratio to the C reference (target: within 20% at 8 B, 2% at >= 64 KiB); the
+"C repeat" row times the reference loop a second time, so its ratio shows the machine's noise floor.
 It also compares 4 MiB ping-pong with and without huge pages for numpy buffers."""
 
 from __future__ import annotations
@@ -68,13 +69,17 @@ def main() -> None:
             op = OPS[name]
             for size in sizes:
                 lay = op.layout(size, 2, itemsize(COMM_DTYPE))
-                iters = max(20, min(20000, int(2e8 // max(size, 1) // 1000)))
+                iters = max(100, min(20000, int(2e7 // max(size, 8))))
                 c_ref = reference_median(ref, world, which, lay.size_bytes, iters)
                 medians.setdefault((name, size, "C reference"), []).append(c_ref)
                 for label, timer in timers.items():
                     m = measure_collective(op, world, lay, COMM_DTYPE, rule, timer, host)
                     medians.setdefault((name, size, label), []).append(m.estimate.median)
                     ratios.setdefault((name, size, label), []).append(m.estimate.median / c_ref)
+                # the same C loop again: its ratio to the first is this machine's noise floor
+                again = reference_median(ref, world, which, lay.size_bytes, iters)
+                medians.setdefault((name, size, "C repeat"), []).append(again)
+                ratios.setdefault((name, size, "C repeat"), []).append(again / c_ref)
     if world.rank == 0:
         print(f"# {MPI.Get_library_version().splitlines()[0]}; timing: {note}; {args.rounds} rounds")
         print(f"{'op':<10} {'size':>8} {'path':<12} {'median us':>10} {'ratio to C (median of rounds)':>30}")

@@ -13,7 +13,8 @@ int ref_time(int which, MPI_Fint fcomm, int bytes, int iters, double *out)
     if (!sbuf || !rbuf) return -1;
     memset(sbuf, 1, bytes);
     memset(rbuf, 0, bytes);
-    for (int i = 0; i < iters; i++) {
+    int warm = 5;                              /* untimed warm-up iterations first */
+    for (int i = -warm; i < iters; i++) {
         MPI_Barrier(comm);
         double t0 = MPI_Wtime();
         if (which == 0) {                      /* ping-pong: half the round trip */
@@ -24,10 +25,10 @@ int ref_time(int which, MPI_Fint fcomm, int bytes, int iters, double *out)
                 MPI_Recv(rbuf, bytes, MPI_BYTE, 0, 3, comm, MPI_STATUS_IGNORE);
                 MPI_Send(sbuf, bytes, MPI_BYTE, 0, 3, comm);
             }
-            out[i] = (MPI_Wtime() - t0) / 2;
+            if (i >= 0) out[i] = (MPI_Wtime() - t0) / 2;
         } else {
             MPI_Allreduce(sbuf, rbuf, bytes / 4, MPI_FLOAT, MPI_SUM, comm);
-            out[i] = MPI_Wtime() - t0;
+            if (i >= 0) out[i] = MPI_Wtime() - t0;
         }
     }
     free(sbuf);

@@ -12,7 +12,7 @@ from microbench.sizes import parse_sizes
 from microbench.stats import StopRule
 from microbench.topology import parse_links, parse_procs
 
-QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M", target_ci=0.05, point_budget=0.25, min_samples=10,
+QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", target_ci=0.05, point_budget=0.25, min_samples=10,
              gemm_sizes="64K,1M")
 PAGE_POLICIES = ("hugepage", "nohugepage", "numpy-default")
 
@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
                    help="timing loop: compiled (built with mpicc) or Python; auto prefers compiled")
     p.add_argument("--page-policy", choices=PAGE_POLICIES, default="nohugepage",
-                   help="huge pages for numpy buffers (default nohugepage: steadier large-message latency)")
+                   help="huge pages for numpy buffers (default nohugepage: buffers like a C program's malloc, "
+                        "so figures compare with OSU/IMB; hugepage is what numpy-based applications get)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
