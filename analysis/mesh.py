@@ -18,12 +18,14 @@ from microbench.errors import UsageError
 
 @dataclass(frozen=True)
 class AxisGroup:
-    """The process groups of one mesh axis."""
+    """The process groups of one mesh axis. `groups_per_node`: how many of the axis's groups have ranks on
+    one node, i.e. how many run their collectives at once through that node's link."""
 
     axis: int
     size: int
     nodes: int
     ranks_per_node: int
+    groups_per_node: int = 1
 
     @property
     def link(self) -> str:
@@ -77,13 +79,16 @@ class Mesh:
         out = []
         for axis, size in enumerate(self.shape):
             shapes = set()
+            sharing: dict[int, int] = {}
             for g in self.groups(axis):
                 per_node: dict[int, int] = {}
                 for r in g:
                     per_node[r // self.ranks_per_node] = per_node.get(r // self.ranks_per_node, 0) + 1
                 shapes.add((len(per_node), max(per_node.values())))
+                for node in per_node:
+                    sharing[node] = sharing.get(node, 0) + 1
             nodes, rpn = max(shapes)
-            out.append(AxisGroup(axis, size, nodes, rpn))
+            out.append(AxisGroup(axis, size, nodes, rpn, max(sharing.values())))
         return tuple(out)
 
 

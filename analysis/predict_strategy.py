@@ -13,7 +13,7 @@ from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from analysis.pricing import Pricer
 from analysis.search import Tabulator
-from analysis.search_cmd import fmt_bytes, fmt_s
+from analysis.search_cmd import fmt_bytes, fmt_s, nics_per_node
 from analysis.summary import chain_steps
 from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mesh", default=None, help="device mesh, e.g. 2x4")
     g.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: last axis size)")
     g.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
+    g.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
     g.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type")
 
 
@@ -50,7 +51,7 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
         raise UsageError(f"--layer {args.layer!r} is a model of {len(model.layers)} layers; give one layer")
     layer = model.layers[0]
     strategy = parse_strategy(args.strategy)
-    pricer = Pricer(calibration, mesh, args.dtype)
+    pricer = Pricer(calibration, mesh, args.dtype, nics_per_node(args))
     tables = Tabulator(pricer).tables(model)
     ids = [s.id for s in tables.options[0].strategies]
     if strategy.id not in ids:

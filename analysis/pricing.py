@@ -2,7 +2,13 @@
 predict_seconds and gemm_flops_per_s). A collective on a mesh axis is priced by the calibration entry of
 the axis's link class at the axis's group size, with the nccl-tests size of the step. Fallback when the
 calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra; spread -> inter ->
-intra (the link actually used is what breakdowns report); an op it lacks on every link costs infinity."""
+intra (the link actually used is what breakdowns report); an op it lacks on every link costs infinity.
+
+Link sharing: the calibration measured one group at a time, but all groups of a mesh axis run at once.
+Where k of them have ranks on one node and the priced link leaves the node (inter, spread), they share
+that node's network link (`nics_per_node` of them), so each moves its bytes at 1/ceil(k / nics) of the
+bandwidth. An affine piece t(n) = alpha + beta n then costs t(k' n) = alpha + k' beta n: the latency
+is paid once and the bandwidth term k' times, so the calibration is asked at k' times the size."""
 
 from __future__ import annotations
 
@@ -17,11 +23,18 @@ FALLBACK = {"intra": ("intra", "spread", "inter"), "inter": ("inter", "spread", 
 
 
 class Pricer:
-    def __init__(self, calibration, mesh: Mesh, dtype: str = "float32"):
+    def __init__(self, calibration, mesh: Mesh, dtype: str = "float32", nics_per_node: int = 1):
         self.cal = calibration
         self.mesh = mesh
         self.flops_per_s = calibration.gemm_flops_per_s(dtype)
+        self.nics_per_node = nics_per_node
         self._link: dict[tuple[str, int], str | None] = {}
+
+    def sharing(self, link: str, axis: int) -> int:
+        """How many of the axis's groups share each network link of a node (1 within a node)."""
+        if link == "intra":
+            return 1
+        return -(-self.mesh.axes[axis].groups_per_node // self.nics_per_node)
 
     def link(self, op: str, axis: int) -> str | None:
         """The calibration link that prices `op` on `axis` (after fallback), or None."""
@@ -37,7 +50,7 @@ class Pricer:
         link = self.link(op, axis)
         if link is None:
             return np.full(size_bytes.shape, np.inf)
-        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes)
+        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes * self.sharing(link, axis))
 
     def price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
         """(communication seconds, compute seconds) of each list of steps, priced in one vectorised pass

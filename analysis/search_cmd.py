@@ -22,7 +22,14 @@ def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", required=True, help="device mesh axis sizes, e.g. 2x4 (nodes x ranks per node) or 2x2x2")
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
     p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
+    p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
     p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+
+
+def nics_per_node(args: argparse.Namespace) -> int:
+    if args.nics_per_node < 1:
+        raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
+    return args.nics_per_node
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
     model = parse_model(args.model, args.dtype)
     cap = parse_size(args.memory_cap) if args.memory_cap else None
-    pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype)
+    pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype, nics_per_node(args))
     t0 = time.perf_counter()
     tables = Tabulator(pricer).tables(model)
     bad = [o.layer.name for o in tables.options if not (o.time_s < float("inf")).any()]

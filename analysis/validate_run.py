@@ -14,6 +14,7 @@ from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
 from analysis.pricing import Pricer
+from analysis.search_cmd import nics_per_node
 from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose
 from microbench import provenance
@@ -23,7 +24,7 @@ from microbench.atomic import atomic_write, atomic_write_json
 def main(args, cfg, layers, cal) -> int:
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
-    pricer = Pricer(cal, mesh, args.dtype)
+    pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
     tab = Tabulator(pricer)
     work = []
     for name, layer in layers:

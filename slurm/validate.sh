@@ -16,7 +16,9 @@
 #   COMMCAL_OUT_DIR       results directory (default: $SLURM_SUBMIT_DIR/commcal-out)
 #   COMMCAL_CALIBRATION   calibration file (default: the newest $COMMCAL_OUT_DIR/CLUSTER-*.json)
 #   COMMCAL_VALIDATE_OUT  validation output (default: $COMMCAL_OUT_DIR/validate-CLUSTER-YYYY-MM-DD)
-#   COMMCAL_VALIDATE_ARGS more `commcal validate` arguments, verbatim
+#   COMMCAL_PRESET        quick (default: small layers, loose target) | full (give --layer specs in
+#                         COMMCAL_VALIDATE_ARGS)
+#   COMMCAL_VALIDATE_ARGS more `commcal validate` arguments, verbatim (e.g. --mesh 2x2 --layer mlp:...)
 #   COMMCAL_LAUNCHER      srun (default; --mpi=$COMMCAL_SRUN_MPI, pmix unless set) | mpirun
 #   COMMCAL               the commcal command (default: `commcal` on PATH, else
 #                         $SLURM_SUBMIT_DIR/.venv/bin/commcal)
@@ -65,12 +67,17 @@ case ${COMMCAL_LAUNCHER:-srun} in
   *) fail "COMMCAL_LAUNCHER must be srun or mpirun, not '${COMMCAL_LAUNCHER}'" 2 ;;
 esac
 extra=()
-if [ -n "${COMMCAL_VALIDATE_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_VALIDATE_ARGS"; fi
+case ${COMMCAL_PRESET:-quick} in
+  quick) extra+=(--quick) ;;
+  full) ;;
+  *) fail "COMMCAL_PRESET must be quick or full, not '${COMMCAL_PRESET}'" 2 ;;
+esac
+if [ -n "${COMMCAL_VALIDATE_ARGS:-}" ]; then read -r -a more <<<"$COMMCAL_VALIDATE_ARGS"; extra+=("${more[@]}"); fi
 
 say "job $SLURM_JOB_ID on $cluster: ${SLURM_JOB_NUM_NODES:-?} node(s), $ntasks tasks; calibration $calibration"
-say "${launch[*]} ${COMMCAL_CMD[*]} validate --calibration $calibration --out $vout ${extra[*]}"
+say "${launch[*]} ${COMMCAL_CMD[*]} validate $calibration --out $vout ${extra[*]}"
 set +e
-"${launch[@]}" "${COMMCAL_CMD[@]}" validate --calibration "$calibration" --out "$vout" "${extra[@]}"
+"${launch[@]}" "${COMMCAL_CMD[@]}" validate "$calibration" --out "$vout" "${extra[@]}"
 rc=$?
 set -e
 [ $rc -eq 0 ] || fail "commcal validate exited $rc; the error is above" "$rc"

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import REPO, VENV_BIN, run_cli
@@ -158,7 +159,8 @@ def test_sweep_sh_fails_loudly_when_world_is_not_the_task_count(cluster):
     assert not list((cluster.work / "mismatch").glob("*.json")), "no calibration may be written"
 
 
-SWEEP_ENV = {"COMMCAL_PRESET": "quick", "COMMCAL_OPS": "pingpong,allreduce", "COMMCAL_LINKS": "intra,inter",
+SWEEP_ENV = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter",
+             "COMMCAL_OPS": "pingpong,allreduce,allgather,reduce_scatter,alltoall,gemm",
              # large pingpong sizes so that the inter-node beta is fitted where the tbf rate dominates
              "COMMCAL_SIZES": "8,512,4K,32K,256K,1M,2M,4M,8M"}
 
@@ -213,6 +215,28 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     seconds = json.loads(pred.stdout)["seconds"]
     assert abs((8 << 20) / seconds / EXPECTED_BPS - 1) <= 0.05, (seconds, pred.stdout)
     assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
+
+
+def test_sbatch_validate_sh_quick_ranks_strategies_on_both_link_classes(cluster):
+    """slurm/validate.sh with the calibration the sbatch sweep wrote: a 2x2 mesh (inter x intra)."""
+    cals = sorted((cluster.work / "calib").glob("localcluster-*.json"))
+    if not cals:
+        pytest.fail("needs the calibration written by the sbatch sweep test above (run the module as a whole)")
+    out = cluster.work / "validate"
+    env = {"COMMCAL_CALIBRATION": str(cals[0]), "COMMCAL_VALIDATE_OUT": str(out), "COMMCAL_PRESET": "quick",
+           "COMMCAL_VALIDATE_ARGS": "--mesh 2x2"}
+    t0 = time.monotonic()
+    job = cluster.sbatch("-o", "validate-%j.out", str(REPO / "slurm" / "validate.sh"), env=env)
+    ok, text = cluster.wait(job, 300)
+    log = (cluster.work / f"validate-{job}.out").read_text()
+    assert ok, f"{text}\n{log}\n{cluster.logs()}"
+    print(f"validate.sh quick: {time.monotonic() - t0:.1f} s")
+    summary = json.loads((out / "summary.json").read_text())
+    strategies = pd.read_csv(out / "strategies.csv")
+    assert len(strategies) >= 10 and (strategies.measured_s > 0).all()
+    assert {"kendall_tau", "comm_kendall_tau", "regret", "mean_accuracy"} <= set(summary["metrics"])
+    run = json.loads((out / "run.json").read_text())
+    assert sorted(set(run.get("hosts", []))) == list(NODES), run.get("hosts")
 
 
 def test_time_limit_kill_keeps_points_and_resubmission_resumes(cluster):

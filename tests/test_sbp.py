@@ -155,3 +155,20 @@ def test_strategy_ids_are_stable_and_enumerated():
     ids = [s.id for s in lin.strategies(Mesh((2, 2), 2))]
     assert len(ids) == len(set(ids)) == 2 * 4 ** 2 and "m.n" in ids and "-.k/ws" in ids
     assert math.isinf(lin.schedule(Strategy(("x", "m")), Mesh((2, 2), 2)).memory_bytes)
+
+
+def test_concurrent_groups_of_an_axis_share_each_node_link(pricer22):
+    """On a 2x2 mesh both inter-node groups send through each node's one link: each gets half the
+    bandwidth, so the calibration is asked at twice the bytes (alpha once, beta twice); within a node,
+    and with a link per group, nothing changes."""
+    from analysis.pricing import Pricer
+
+    cal, n = pricer22.cal, [1 << 20]
+    assert pricer22.mesh.axes[0].link == "inter" and pricer22.mesh.axes[0].groups_per_node == 2
+    assert pricer22.seconds("allreduce", 0, n)[0] == pytest.approx(cal.predict_seconds("allreduce", "inter", 2, [2 << 20])[0])
+    assert pricer22.seconds("allreduce", 1, n)[0] == pytest.approx(cal.predict_seconds("allreduce", "intra", 2, n)[0])
+    own_links = Pricer(cal, pricer22.mesh, nics_per_node=2)
+    assert own_links.seconds("allreduce", 0, n)[0] == pytest.approx(cal.predict_seconds("allreduce", "inter", 2, n)[0])
+    alone = Pricer(cal, Mesh((2,), 1))               # one rank per node: nothing to share
+    assert alone.mesh.axes[0].groups_per_node == 1
+    assert alone.seconds("allreduce", 0, n)[0] == pytest.approx(cal.predict_seconds("allreduce", "inter", 2, n)[0])
