@@ -50,7 +50,7 @@ def rel_errors(runner: Runner, prog: Program, env: dict) -> np.ndarray:
     """Each output's max |local - reference block| / max |reference| (partial sums reduced first; untimed)."""
     errs = []
     for out in prog.outputs:
-        local = np.ascontiguousarray(env[out.name])
+        local = runner.xp.ascontiguousarray(env[out.name])
         for axis, p in enumerate(out.sig):
             if p == P:
                 local = runner.coll.allreduce(local, axis)

@@ -1,6 +1,6 @@
 """The MPI side of the validation harness: the job's device mesh (ranks per node from the hosts, as the
-sweep finds them) and the Collectives adapter, one sub-communicator per mesh axis. A GPU backend replaces
-Collectives with an object of the same methods."""
+sweep finds them) and the Collectives adapter, one sub-communicator per mesh axis. A GPU run gives
+Collectives' backend (--backend mpi-cuda or nccl) with cupy buffers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 from mpi4py import MPI
 
 from analysis.mesh import Mesh, parse_mesh
+from microbench.backends import MpiBackend
 from microbench.errors import UsageError
+from microbench.ops import OPS
 from microbench.topology import nodes_of
 
 
@@ -28,42 +30,43 @@ def job_mesh(world: MPI.Comm, text: str | None) -> tuple[Mesh, tuple[int, ...], 
 
 
 class Collectives:
-    """allreduce / allgather / reduce_scatter / alltoall of contiguous numpy buffers on mesh-axis groups;
-    allgather returns the members' buffers stacked in a leading axis, reduce_scatter and alltoall take one."""
+    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups;
+    allgather returns the members' buffers stacked in a leading axis, reduce_scatter and alltoall take one.
+    The sweep's backend moves the data (microbench.backends: host MPI, CUDA-aware MPI or NCCL), so the
+    harness runs each collective through the same library calls the calibration measured."""
 
-    def __init__(self, world: MPI.Comm, mesh: Mesh, coord: tuple[int, ...]):
+    def __init__(self, world: MPI.Comm, mesh: Mesh, coord: tuple[int, ...], backend=None):
         self.world = world
+        self.backend = backend or MpiBackend(world, [])
+        self.xp = self.backend.xp
         self.axes = []
         for axis in range(len(mesh.shape)):
             color = sum(c * mesh.stride(a) for a, c in enumerate(coord) if a != axis)
             self.axes.append(world.Split(color, coord[axis]))
 
-    def allreduce(self, buf, axis: int):
-        out = np.empty_like(buf)
-        self.axes[axis].Allreduce(buf, out)
+    def _run(self, name: str, send, out, axis: int):
+        self.backend.invoke(OPS[name], self.axes[axis], send, out)
         return out
+
+    def allreduce(self, buf, axis: int):
+        return self._run("allreduce", buf, self.xp.empty_like(buf), axis)
 
     def allgather(self, buf, axis: int):
-        comm = self.axes[axis]
-        out = np.empty((comm.size,) + buf.shape, dtype=buf.dtype)
-        comm.Allgather(buf, out)
-        return out
+        out = self.xp.empty((self.axes[axis].size,) + buf.shape, dtype=buf.dtype)
+        return self._run("allgather", buf, out, axis)
 
     def reduce_scatter(self, blocks, axis: int):
-        out = np.empty(blocks.shape[1:], dtype=blocks.dtype)
-        self.axes[axis].Reduce_scatter_block(blocks, out)
-        return out
+        return self._run("reduce_scatter", blocks, self.xp.empty(blocks.shape[1:], dtype=blocks.dtype), axis)
 
     def alltoall(self, blocks, axis: int):
-        out = np.empty_like(blocks)
-        self.axes[axis].Alltoall(blocks, out)
-        return out
+        return self._run("alltoall", blocks, self.xp.empty_like(blocks), axis)
 
     def barrier(self) -> None:
         self.world.Barrier()
 
     def sync(self) -> None:
-        """Wait for queued device work (nothing to wait for with numpy)."""
+        """Wait for queued device work before a clock is read."""
+        self.backend.sync()
 
     def world_max(self, values: np.ndarray) -> np.ndarray:
         out = np.empty_like(values)

@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES)
+    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), default="mpi",
+                   help="mpi: numpy buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL "
+                        "(the calibration must come from a sweep with the same backend)")
     p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
     p.add_argument("--quick", action="store_true",
                    help=f"small default layers ({' '.join(QUICK_LAYERS)}), loose target, short budget")

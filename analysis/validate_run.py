@@ -18,6 +18,8 @@ from analysis.search_cmd import nics_per_node
 from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose
 from microbench import provenance
+from microbench.errors import UsageError
+from microbench.sweep_cmd import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
 
 
@@ -32,8 +34,12 @@ def main(args, cfg, layers, cal) -> int:
         check_feasible(name, opts, "x".join(map(str, mesh.shape)))
         check_links(name, opts.schedules, mesh, cal)
         work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
-    coll = Collectives(world, mesh, coord)
-    runner = Runner(mesh, coord, coll)
+    if cal.backend != args.backend:
+        raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "
+                         f"--backend {args.backend} needs a calibration of the same backend")
+    backend = backend_for(args.backend, world, hosts)
+    coll = Collectives(world, mesh, coord, backend)
+    runner = Runner(mesh, coord, coll, backend.xp)
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}", flush=True)

@@ -23,6 +23,8 @@
 #   COMMCAL               the commcal command (default: `commcal` on PATH, else
 #                         $SLURM_SUBMIT_DIR/.venv/bin/commcal)
 # Exit status: non-zero, with a line starting "commcal-validate: FAILED", when a step fails.
+# Self-contained like slurm/sweep.sh (sbatch copies a script before running it, so a sibling file
+# cannot be sourced reliably): the command and launcher lookup below repeat it on purpose.
 set -euo pipefail
 
 say() { printf 'commcal-validate: %s\n' "$*"; }

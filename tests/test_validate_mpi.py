@@ -13,6 +13,7 @@ from analysis.harness import TOLERANCE
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from reports.validation_view import load_validation
+from test_gpu import GPU_REASON
 
 pytestmark = pytest.mark.mpi
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
@@ -70,6 +71,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     (2, ["--mesh", "2", "--layer", "linear:m=3,k=8,n=8"], "not divisible by 2"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--inter-only"], "link class 'intra'"),
     (2, ["--mesh", "2", "--layer", "bogus"], "unknown model or layer"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--backend", "nccl"], "needs a calibration of the same backend"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     inter = "--inter-only" in args
@@ -80,3 +82,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
+@pytest.mark.parametrize("backend", ["nccl", "mpi-cuda"])
+def test_gpu_backends_run_every_strategy_with_cupy_arrays(tmp_path, backend):
+    """One rank per GPU (NCCL allows no more on a one-GPU machine): mesh 1, every strategy, numerics checked."""
+    models = {(op, "intra"): (5e-6, 1e-9) for op in OPS}
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(synthetic_calibration(models, links={"intra": [1, 2]}, gemm={"float32": 1e13},
+                                                    backend=backend)))
+    proc = run_mpi(1, ["validate", str(cal), "--mesh", "1", "--backend", backend, "--out", str(tmp_path / "v"),
+                       *LAYERS, *FAST])
+    if backend == "mpi-cuda" and proc.returncode == 2 and "CUDA support" in proc.stderr:
+        pytest.skip("this MPI is not CUDA-aware: " + proc.stderr.strip().splitlines()[0])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (pd.read_csv(tmp_path / "v" / "strategies.csv").max_rel_err <= TOLERANCE["float32"]).all()
