@@ -20,6 +20,7 @@ bytes_per_rank = size_bytes * bus_factor(op, p) is what an optimal algorithm sen
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -85,6 +86,13 @@ class PointSummary:
     wrong: int               # elements that differed from the expected result in check iterations
     flops: float             # per iteration for gemm, 0 otherwise
     flops_per_s: float       # flops / median_s for gemm, 0 otherwise
+
+    @property
+    def ci_rel_half_width(self) -> float:
+        """The median CI's larger distance from the median, relative to it (inf without a CI)."""
+        if not (self.median_s > 0 and math.isfinite(self.ci_low_s) and math.isfinite(self.ci_high_s)):
+            return math.inf
+        return max(self.ci_high_s - self.median_s, self.median_s - self.ci_low_s) / self.median_s
 
     def to_dict(self) -> dict:
         return asdict(self)

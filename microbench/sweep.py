@@ -30,6 +30,7 @@ class SweepConfig:
     gemm_sizes: tuple[int, ...] = ()
     gemm_dtypes: tuple[str, ...] = GEMM_DTYPES
     in_place: bool = False
+    retries: int = 1
 
 
 @dataclass(frozen=True)
@@ -120,22 +121,26 @@ class Progress:
         print(f"{'point':>9}  {'op':<14} {'link':<6} {'p':>3} {'size':>6}  {'median':>10} {'CI +-':>6} "
               f"{'n':>6}  {'busbw':>11}  {'ok':<4}", file=self.stream, flush=True)
 
-    def row(self, s: PointSummary, skipped: int) -> None:
-        self.finished += 1
+    def row(self, s: PointSummary, skipped: int, retry: str = "") -> None:
+        if not retry:
+            self.finished += 1
         elapsed = time.monotonic() - self.started
         eta = elapsed / self.finished * (self.total - skipped - self.finished)
-        half = max(s.ci_high_s - s.median_s, s.median_s - s.ci_low_s) / s.median_s * 100 if s.median_s > 0 else float("nan")
+        half = s.ci_rel_half_width * 100
         rate = (f"{s.flops_per_s / 1e9:8.2f} GF/s" if s.flops else f"{s.busbw_Bps / 1e9:8.3f} GB/s")
         flag = "ok" if s.wrong == 0 else f"WRONG {s.wrong}"
         mark = "" if s.target_met else "*"
-        print(f"{self.finished + skipped:>4}/{self.total:<4}  {s.op:<14} {s.link:<6} {s.procs:>3} "
+        where = retry or f"{self.finished + skipped:>4}/{self.total:<4}"
+        print(f"{where:>9}  {s.op:<14} {s.link:<6} {s.procs:>3} "
               f"{format_size(s.size_bytes):>6}  {s.median_s * 1e6:8.2f}us {half:5.1f}%{mark} {s.samples:>6}  "
               f"{rate}  {flag}  eta {eta:4.0f}s", file=self.stream, flush=True)
 
 
 def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg: SweepConfig, run_id: str,
                timer: Any, store: Any, backend: Any) -> int:
-    """Measure every planned point not in `done`; returns the number of wrong elements seen."""
+    """Measure every planned point not in `done`, then measure again (up to cfg.retries times, at the end, so
+    in another time window) the points whose CI missed the target, keeping the attempt with the tighter CI.
+    Returns the number of wrong elements seen."""
     comms: dict[tuple[str, int], MPI.Comm] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
         k = (pt.group.link, pt.group.procs)
@@ -146,9 +151,10 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
     if progress:
         progress.header()
     wrong = 0
-    for pt in points:
-        if pt.key.point_id in done:
-            continue
+    unmet: dict[str, PointSummary] = {}      # rank 0's view: points whose kept attempt missed the CI target
+
+    def measure(pt: PlannedPoint, retry: str) -> None:
+        nonlocal wrong
         comm = comms[(pt.group.link, pt.group.procs)]
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
@@ -158,10 +164,26 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place)
             if world.rank == 0:
                 s = summarize(run_id, pt, m, cfg.rule, timer.path)
-                store.write_point(s, m.samples)
                 wrong += s.wrong
-                progress.row(s, len(done))
+                kept = unmet.get(pt.key.point_id)
+                if kept is None or s.wrong or s.ci_rel_half_width < kept.ci_rel_half_width:
+                    store.write_point(s, m.samples)
+                    kept = s
+                if kept.target_met:
+                    unmet.pop(pt.key.point_id, None)
+                else:
+                    unmet[pt.key.point_id] = kept
+                progress.row(s, len(done), retry)
         _idle_until(world.Ibarrier())
+
+    for pt in points:
+        if pt.key.point_id not in done:
+            measure(pt, "")
+    for attempt in range(1, cfg.retries + 1):
+        again = world.bcast(set(unmet) if world.rank == 0 else None, root=0)
+        for pt in points:
+            if pt.key.point_id in again:
+                measure(pt, f"retry {attempt}")
     for comm in comms.values():
         if comm != MPI.COMM_NULL:
             comm.Free()

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-ci", type=float, help="stop when the median's 95%% CI is within +-this (default 0.02)")
     p.add_argument("--min-samples", type=int, help="timed iterations before the CI may stop a point (default 10)")
     p.add_argument("--point-budget", type=float, help="seconds per point before giving up on the CI target (default 1.0)")
+    p.add_argument("--retries", type=int, default=1,
+                   help="measure points whose CI missed the target again at the end of the sweep, up to this many "
+                        "times, keeping the attempt with the tighter CI (default 1; 0 turns it off)")
     p.add_argument("--quick", action="store_true", help="a preset that finishes in under a minute on 2 local ranks")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
     p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), default="mpi",
@@ -59,9 +62,11 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
         raise UsageError("--point-budget must be positive")
     if rule.min_samples < 6:
         raise UsageError("--min-samples must be at least 6, the fewest samples that give a 95% CI of the median")
+    if args.retries < 0:
+        raise UsageError("--retries must be 0 or more")
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
-                       rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes,
+                       rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             timing_note=timing_note,
             options=dict(ops=[op.name for op in cfg.ops], sizes=list(cfg.sizes), procs=list(cfg.procs),
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
-                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, quick=args.quick,
+                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries, quick=args.quick,
                          in_place=cfg.in_place))
         run_id = meta["run_id"]
         store.write_run(meta)

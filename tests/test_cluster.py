@@ -162,7 +162,9 @@ def test_sweep_sh_fails_loudly_when_world_is_not_the_task_count(cluster):
 SWEEP_ENV = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter",
              "COMMCAL_OPS": "pingpong,allreduce,allgather,reduce_scatter,alltoall,gemm",
              # large pingpong sizes so that the inter-node beta is fitted where the tbf rate dominates
-             "COMMCAL_SIZES": "8,512,4K,32K,256K,1M,2M,4M,8M"}
+             "COMMCAL_SIZES": "8,512,4K,32K,256K,512K,1M,2M,3M,4M",
+             # a point whose CI misses the target (a stalled vCPU, a TCP retransmission) is measured again later
+             "COMMCAL_SWEEP_ARGS": "--retries 2"}
 
 
 def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
@@ -207,7 +209,9 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     intra = data["p2p"]["pingpong"]["intra"]["bandwidth_bytes_per_s"]
     print(f"inter-node pingpong bandwidth {bw / 1e6:.2f} MB/s, expected {EXPECTED_BPS / 1e6:.2f} MB/s "
           f"({bw / EXPECTED_BPS - 1:+.1%}); intra-node {intra / 1e6:.0f} MB/s")
-    assert abs(bw / EXPECTED_BPS - 1) <= 0.05, (bw, EXPECTED_BPS, log)
+    pp = pd.read_csv(out / "run" / "summary.csv").query("op == 'pingpong' and link == 'inter'")
+    table = pp.sort_values("size_bytes")[["size_bytes", "samples", "median_s", "ci_low_s", "ci_high_s", "min_s"]]
+    assert abs(bw / EXPECTED_BPS - 1) <= 0.05, f"{bw=} {EXPECTED_BPS=}\n{table.to_string()}\n{log}"
     # and what a planner asks the calibration: an 8 MiB message between nodes moves at that rate
     pred = run_cli(["predict", str(cals[0]), "--op", "pingpong", "--link", "inter", "--procs", "2", "--bytes", "8M",
                     "--json"])

@@ -2,6 +2,7 @@
 SIGKILL, and one-line errors with exit code 2 for bad input."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -99,6 +100,27 @@ def test_killed_rank_then_resume_measures_each_point_once(tmp_path):
     assert not list(out.glob("**/.*.tmp")), "half-written temporary files left behind"
 
 
+def test_points_missing_the_ci_target_are_measured_again_and_the_tightest_attempt_kept(tmp_path):
+    out = tmp_path / "run"
+    proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8,64", "--point-budget", "0.05",
+                       "--min-samples", "6", "--target-ci", "0.0001", "--retries", "2"], check=True)
+    rows = re.findall(r"^\s*(\S+(?: \d)?)\s+pingpong\s+intra\s+2\s+(\S+)\s+\S+us\s+(\S+?)%", proc.stdout, re.M)
+    attempts = {}
+    for where, size, half in rows:
+        attempts.setdefault(size, []).append((where, float(half)))
+    assert {s: [w for w, _ in a] for s, a in attempts.items()} == \
+        {"8": ["1/2", "retry 1", "retry 2"], "64": ["2/2", "retry 1", "retry 2"]}, proc.stdout
+    summary = load_summary(out).set_index("requested_bytes")
+    assert len(summary) == 2 and not summary.target_met.any()
+    for size, label in ((8, "8"), (64, "64")):
+        row = summary.loc[size]
+        kept = max(row.ci_high_s - row.median_s, row.median_s - row.ci_low_s) / row.median_s * 100
+        assert kept == pytest.approx(min(h for _, h in attempts[label]), abs=0.051), (kept, attempts[label])
+    counts = load_samples(out).groupby("point_id").size()
+    assert counts.reindex(summary.point_id).tolist() == summary.samples.tolist()
+    assert read_run_json(out)["options"]["retries"] == 2
+
+
 @pytest.mark.parametrize("args,message", [
     (["--ops", "allreduce,bogus"], "unknown operation 'bogus'"),
     (["--sizes", "8:x"], "malformed size"),
@@ -108,6 +130,7 @@ def test_killed_rank_then_resume_measures_each_point_once(tmp_path):
     (["--links", "wan"], "unknown link class"),
     (["--target-ci", "2"], "--target-ci"),
     (["--min-samples", "3"], "at least 6"),
+    (["--retries", "-1"], "--retries"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "r"), *args])
