@@ -107,6 +107,9 @@ class Layer:
 
     CHOICES: ClassVar[tuple[str, ...]] = ()
     WEIGHTED: ClassVar[bool] = False
+    PERMUTABLE_INPUT: ClassVar[frozenset[int]] = frozenset()
+    """Input dims whose index order may arrive permuted: the layer contracts them with a weight it stores in
+    the same order (AutoDDL), so the plan that feeds it may end in a permuting allgather."""
 
     def strategies(self, mesh: Mesh) -> list[Strategy]:
         out = [Strategy(c) for c in itertools.product(self.CHOICES, repeat=len(mesh.shape))]
@@ -146,6 +149,7 @@ class Linear(Layer):
 
     CHOICES = ("m", "n", "k", "-")
     WEIGHTED = True
+    PERMUTABLE_INPUT = frozenset({1})     # X's columns meet W's rows
 
     @property
     def in_shape(self):

@@ -13,7 +13,12 @@ A `Step` carries everything needed to run it on a device at mesh coordinate c (s
                           `gather_dim` in a zero buffer), the others zeros.                  (free)
   relabel         any, on an axis of size 1: nothing to do to the data.                        (free)
 Steps are ordered so that every intermediate buffer is exactly the canonical block of the step's `dst`
-signature: a split is added or removed on a dim only at the innermost axis that splits it. The plan is
+signature: a split is added or removed on a dim only at the innermost axis that splits it. The one
+exception is asked for by the caller: for a dim in `permutable`, an allgather may remove an outer split.
+Each device then holds a canonical block of the tensor with that dim's index order permuted (the gathered
+digit moves below the remaining splits), which costs nothing when the consumer contracts that dim with an
+operand it stores in the same order: AutoDDL stores weight rows so, and its 3D layers pass activations on
+with a reduce-scatter and an allgather alone. `Plan.permuted` names such dims. The plan is
 the cheapest such sequence by bytes moved per rank (ties: fewer steps), found by Dijkstra over the
 signatures and cached per (src, dst, mesh shape).
 
@@ -49,6 +54,7 @@ class Step:
     out_shape: tuple[int, ...]   # local shape after
     bytes_per_rank: int
     size_bytes: int
+    permutes: bool = False       # an allgather of an outer split (see the module doc)
 
     @property
     def is_comm(self) -> bool:
@@ -56,6 +62,8 @@ class Step:
 
     def describe(self) -> str:
         what = f"{self.op} on axis {self.axis} ({self.link}, {self.group_size} ranks)"
+        if self.permutes:
+            what += f", permuting dim {self.gather_dim if self.op == 'allgather' else self.scatter_dim}"
         return f"{fmt(self.src)} -> {fmt(self.dst)}: {what}, {self.bytes_per_rank} B per rank"
 
 
@@ -75,6 +83,11 @@ class Plan:
     def comm_steps(self) -> tuple[Step, ...]:
         return tuple(s for s in self.steps if s.is_comm)
 
+    @property
+    def permuted(self) -> tuple[int, ...]:
+        """Tensor dims whose index order the plan permutes."""
+        return tuple(sorted({s.gather_dim if s.op == "allgather" else s.scatter_dim for s in self.steps if s.permutes}))
+
 
 def _volume(op: str, p: int) -> float:
     """Bytes one rank sends per byte of its input buffer (the route metric)."""
@@ -82,12 +95,14 @@ def _volume(op: str, p: int) -> float:
             "alltoall": (p - 1) / p}.get(op, 0.0)
 
 
-def _moves(sig: Signature, axis: int, ndim: int):
+def _moves(sig: Signature, axis: int, ndim: int, permutable: frozenset[int]):
     """(op, new placement, gather_dim, scatter_dim) legal from `sig` on `axis`."""
     cur = sig[axis]
     innermost = lambda d: all(a < axis for a in splitters(sig, d))  # noqa: E731 - may add a split here
     if cur.is_split:
         if splitters(sig, cur.dim)[-1] != axis:
+            if cur.dim in permutable:
+                yield "allgather*", B, cur.dim, None
             return
         yield "allgather", B, cur.dim, None
         yield "partial", P, cur.dim, None
@@ -107,7 +122,7 @@ def _moves(sig: Signature, axis: int, ndim: int):
 
 
 @lru_cache(maxsize=64)
-def _graph(mesh_shape: tuple[int, ...], ndim: int) -> dict:
+def _graph(mesh_shape: tuple[int, ...], ndim: int, permutable: frozenset[int]) -> dict:
     """Every signature on the mesh -> [(cost, next signature, (axis, op, gather_dim, scatter_dim))]."""
     placements = [B, P, *(Split(d) for d in range(ndim))]
     graph = {}
@@ -118,18 +133,18 @@ def _graph(mesh_shape: tuple[int, ...], ndim: int) -> dict:
             if mesh_shape[axis] == 1:
                 moves = [("relabel", new, None, None) for new in placements if new != sig[axis]]
             else:
-                moves = list(_moves(sig, axis, ndim))
+                moves = list(_moves(sig, axis, ndim, permutable))
             for op, new, g, s in moves:
-                edges.append((frac * _volume(op, mesh_shape[axis]), sig[:axis] + (new,) + sig[axis + 1:],
+                edges.append((frac * _volume(op.rstrip("*"), mesh_shape[axis]), sig[:axis] + (new,) + sig[axis + 1:],
                               (axis, op, g, s)))
         graph[sig] = edges
     return graph
 
 
 @lru_cache(maxsize=4096)
-def _tree(src: Signature, mesh_shape: tuple[int, ...], ndim: int) -> dict:
+def _tree(src: Signature, mesh_shape: tuple[int, ...], ndim: int, permutable: frozenset[int]) -> dict:
     """Dijkstra from src: signature -> (previous signature, move) on a cheapest path (ties: fewer steps)."""
-    graph = _graph(mesh_shape, ndim)
+    graph = _graph(mesh_shape, ndim, permutable)
     best = {src: (0.0, 0)}
     prev: dict = {src: None}
     heap = [(0.0, 0, src)]
@@ -145,9 +160,11 @@ def _tree(src: Signature, mesh_shape: tuple[int, ...], ndim: int) -> dict:
     return prev
 
 
-def route(src: Signature, dst: Signature, mesh_shape: tuple[int, ...], ndim: int):
-    """The cheapest legal sequence of (axis, op, src, dst, gather_dim, scatter_dim), or None."""
-    prev = _tree(src, mesh_shape, ndim)
+def route(src: Signature, dst: Signature, mesh_shape: tuple[int, ...], ndim: int,
+          permutable: frozenset[int] = frozenset()):
+    """The cheapest legal sequence of (axis, op, src, dst, gather_dim, scatter_dim), or None; an op ending in
+    "*" is an allgather that permutes its dim."""
+    prev = _tree(src, mesh_shape, ndim, frozenset(permutable))
     if dst not in prev:
         return None
     path = []
@@ -158,8 +175,10 @@ def route(src: Signature, dst: Signature, mesh_shape: tuple[int, ...], ndim: int
     return tuple(reversed(path))
 
 
-def plan(shape: tuple[int, ...], itemsize: int, src: Signature, dst: Signature, mesh: Mesh) -> Plan:
-    """The plan that redistributes a `shape` tensor of `itemsize`-byte elements from src to dst on mesh."""
+def plan(shape: tuple[int, ...], itemsize: int, src: Signature, dst: Signature, mesh: Mesh,
+         permutable: frozenset[int] = frozenset()) -> Plan:
+    """The plan that redistributes a `shape` tensor of `itemsize`-byte elements from src to dst on mesh;
+    dims in `permutable` may come out in a permuted index order (see the module doc)."""
     shape = tuple(shape)
     for sig, name in ((src, "source"), (dst, "target")):
         if len(sig) != len(mesh.shape):
@@ -168,11 +187,17 @@ def plan(shape: tuple[int, ...], itemsize: int, src: Signature, dst: Signature, 
         why = indivisible(shape, sig, mesh.shape)
         if why:
             return Plan(shape, itemsize, src, dst, (), False, why)
-    path = route(src, dst, mesh.shape, len(shape))
+    path = route(src, dst, mesh.shape, len(shape), permutable)
     if path is None:
         return Plan(shape, itemsize, src, dst, (), False, f"no legal route from {fmt(src)} to {fmt(dst)}")
+    return _build(shape, itemsize, src, dst, mesh, path)
+
+
+def _build(shape, itemsize: int, src: Signature, dst: Signature, mesh: Mesh, path) -> Plan:
+    """A Plan from route()'s moves (an op ending in "*" permutes its dim)."""
     steps = []
-    for axis, op, a, b, g, s in path:
+    for axis, move, a, b, g, s in path:
+        op = move.rstrip("*")
         why = indivisible(shape, b, mesh.shape)
         if why:
             return Plan(shape, itemsize, src, dst, (), False, why)
@@ -180,8 +205,29 @@ def plan(shape: tuple[int, ...], itemsize: int, src: Signature, dst: Signature, 
         ins, outs = local_shape(shape, a, mesh.shape), local_shape(shape, b, mesh.shape)
         nbytes = math.prod(ins) * itemsize if op in COLLECTIVES else 0
         size = nbytes * grp.size if op == "allgather" else nbytes
-        steps.append(Step(axis, op, a, b, g, s, grp.size, grp.link, ins, outs, nbytes, size))
+        steps.append(Step(axis, op, a, b, g, s, grp.size, grp.link, ins, outs, nbytes, size, move != op))
     return Plan(shape, itemsize, src, dst, tuple(steps))
+
+
+def dual(sig: Signature) -> Signature:
+    """A gradient's signature: B and P swap (a replicated value's gradient arrives as partial sums)."""
+    return tuple(P if p == B else B if p == P else p for p in sig)
+
+
+_ADJOINT = {"allreduce": "allreduce", "reduce_scatter": "allgather", "allgather": "reduce_scatter",
+            "alltoall": "alltoall", "slice": "partial", "relabel": "relabel"}
+
+
+def adjoint(fwd: Plan, mesh: Mesh) -> Plan:
+    """The backward of a forward plan: its steps reversed and transposed, from the gradient of its target to
+    the gradient of its source. It undoes whatever index order the forward permuted."""
+    if not fwd.feasible:
+        return Plan(fwd.shape, fwd.itemsize, dual(fwd.dst), dual(fwd.src), (), False, fwd.reason)
+    path = []
+    for st in reversed(fwd.steps):
+        op = _ADJOINT.get(st.op) or ("slice" if st.src[st.axis].is_split else "partial")
+        path.append((st.axis, op + "*" * st.permutes, dual(st.dst), dual(st.src), st.scatter_dim, st.gather_dim))
+    return _build(fwd.shape, fwd.itemsize, dual(fwd.dst), dual(fwd.src), mesh, path)
 
 
 def apply_step(sig: Signature, step: Step) -> Signature:

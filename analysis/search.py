@@ -19,8 +19,20 @@ from analysis.layers import Layer, Schedule, Strategy
 from analysis.mesh import Mesh
 from analysis.models import Model
 from analysis.pricing import Pricer
-from analysis.redistribute import plan
+from analysis.redistribute import Plan, adjoint, dual, plan
 from analysis.sbp import B, P, Signature
+
+
+def round_trip(shape, itemsize, src: Signature, dst: Signature, grad_src: Signature, grad_dst: Signature,
+               permutable: frozenset[int], mesh: Mesh) -> tuple[Plan, Plan]:
+    """An activation's plan between layers and its gradient's. Where the gradient signatures are the duals of
+    the forward ones, the forward may permute dims in `permutable` and the gradient then takes the forward's
+    adjoint, which restores the order; elsewhere both are plain plans."""
+    perm = permutable if permutable and grad_src == dual(dst) and grad_dst == dual(src) else frozenset()
+    forward = plan(shape, itemsize, src, dst, mesh, perm)
+    if forward.permuted:
+        return forward, adjoint(forward, mesh)
+    return forward, plan(shape, itemsize, grad_src, grad_dst, mesh)
 
 
 def resolved(sig: Signature) -> Signature:
@@ -80,14 +92,33 @@ class Tabulator:
         opt = self._layers[key]
         return opt if opt.layer is layer else replace(opt, layer=layer)
 
+    def _price(self, plans: dict) -> None:
+        """Seconds of every new plan in `plans` (key -> Plan), into the cache (inf where infeasible)."""
+        todo = [(k, p) for k, p in plans.items() if k not in self._plans]
+        comm, _ = self.pricer.price([p.steps for _, p in todo])
+        for (k, p), c in zip(todo, comm):
+            self._plans[k] = c if p.feasible else np.inf
+
     def plan_seconds(self, shape, itemsize, pairs: list[tuple[Signature, Signature]]) -> np.ndarray:
         """Seconds of each (src, dst) redistribution of a `shape` tensor (inf where infeasible)."""
-        todo = [(s, d) for s, d in set(pairs) if (shape, itemsize, s, d) not in self._plans]
-        plans = [plan(shape, itemsize, s, d, self.pricer.mesh) for s, d in todo]
-        comm, _ = self.pricer.price([p.steps for p in plans])
-        for (s, d), p, c in zip(todo, plans, comm):
-            self._plans[(shape, itemsize, s, d)] = c if p.feasible else np.inf
+        mesh = self.pricer.mesh
+        self._price({(shape, itemsize, s, d): plan(shape, itemsize, s, d, mesh) for s, d in set(pairs)
+                     if (shape, itemsize, s, d) not in self._plans})
         return np.array([self._plans[(shape, itemsize, s, d)] for s, d in pairs])
+
+    def round_trip_seconds(self, shape, itemsize, fwd: list[tuple[Signature, Signature]],
+                           bwd: list[tuple[Signature, Signature]], permutable: frozenset[int]) -> np.ndarray:
+        """Seconds of each forward redistribution plus its gradient's (see round_trip)."""
+        new: dict = {}
+        keys = []
+        for (s, d), (gs, gd) in zip(fwd, bwd):
+            key = (shape, itemsize, s, d, gs, gd, permutable)
+            if key not in self._plans and key not in new:
+                f, b = round_trip(shape, itemsize, s, d, gs, gd, permutable, self.pricer.mesh)
+                new[key] = Plan(shape, itemsize, s, gd, f.steps + b.steps, f.feasible and b.feasible)
+            keys.append(key)
+        self._price(new)
+        return np.array([self._plans[k] for k in keys])
 
     def transition(self, a: LayerOptions, b: LayerOptions) -> np.ndarray:
         key = (replace(a.layer, name=""), a.need_dx, replace(b.layer, name=""), b.need_dx)
@@ -97,7 +128,7 @@ class Tabulator:
             shape, isz = a.layer.out_shape, a.layer.itemsize
             fwd = [(ga.y, gb.x) for ga in ya for gb in xb]
             bwd = [(gb.dx, ga.dy) for ga in ya for gb in xb]
-            t = self.plan_seconds(shape, isz, fwd) + self.plan_seconds(shape, isz, bwd)
+            t = self.round_trip_seconds(shape, isz, fwd, bwd, b.layer.PERMUTABLE_INPUT)
             self._trans[key] = t.reshape(len(ya), len(xb))
         return self._trans[key]
 

@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 from analysis.redistribute import plan
-from analysis.search import Tables, chain_cost, memory_of, node_costs, resolved
+from analysis.search import Tables, chain_cost, memory_of, node_costs, resolved, round_trip
 
 
 def chain_steps(t: Tables, choice) -> list[tuple[str, tuple]]:
@@ -20,9 +20,11 @@ def chain_steps(t: Tables, choice) -> list[tuple[str, tuple]]:
         shape, isz, name = o.layer.out_shape, o.layer.itemsize, o.layer.name
         fwd.append((f"{name} forward", o.schedules[c].forward))
         if i + 1 < len(opts):
-            nxt = opts[i + 1].layer.name
-            fwd.append((f"{name} -> {nxt}", plan(shape, isz, g.y, sigs[i + 1].x, mesh).steps))
-            grad_in = (f"{nxt} -> {name} gradient", plan(shape, isz, sigs[i + 1].dx, g.dy, mesh).steps)
+            nxt = opts[i + 1]
+            there, back = round_trip(shape, isz, g.y, sigs[i + 1].x, sigs[i + 1].dx, g.dy,
+                                     nxt.layer.PERMUTABLE_INPUT, mesh)
+            fwd.append((f"{name} -> {nxt.layer.name}", there.steps))
+            grad_in = (f"{nxt.layer.name} -> {name} gradient", back.steps)
         else:
             fwd.append(("output", plan(shape, isz, g.y, resolved(g.y), mesh).steps))
             grad_in = ("output gradient", plan(shape, isz, resolved(g.y), g.dy, mesh).steps)

@@ -15,7 +15,7 @@ from calib.calibration import calibration_from_dict, json_schema, load_calibrati
 from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
 from microbench.errors import UsageError
 from microbench.cli import main
-from tests.conftest import run_cli
+from conftest import run_cli
 
 ALPHA, BETA = 5e-6, 2e-9
 

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from calib.calibration import json_schema, load_calibration
-from tests.conftest import run_cli, run_mpi
+from conftest import run_cli, run_mpi
 
 pytestmark = pytest.mark.mpi
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 
 from analysis.layers import Elementwise, Linear, Strategy
 from analysis.mesh import Mesh, parse_mesh
-from analysis.redistribute import apply_step, plan
-from analysis.sbp import B, P, S, parse_signature
+from analysis.redistribute import adjoint, apply_step, plan
+from analysis.sbp import B, P, S, local_slices, parse_signature
 from analysis.search import resolved
 from microbench.errors import UsageError
 
@@ -75,15 +76,60 @@ def test_megatron_column_then_row_one_allreduce_per_forward():
     assert comm(row.schedule(sr, mesh).backward) == [] and col.sigs(sc).dx == (P,)
 
 
+def held_indices(p, dim: int, mesh: Mesh, start=None) -> dict:
+    """Which global indices of `dim` each device holds, in local order, after the plan's steps: a symbolic run
+    of the documented step semantics over every mesh coordinate (no data, no MPI)."""
+    coords = list(itertools.product(*(range(n) for n in mesh.shape)))
+    held = start or {c: list(range(p.shape[dim]))[local_slices(p.shape, p.src, mesh.shape, c)[dim]] for c in coords}
+    for st in p.steps:
+        group = lambda c: [c[:st.axis] + (q,) + c[st.axis + 1:] for q in range(mesh.shape[st.axis])]  # noqa: E731
+        chunk = lambda lst, c: lst[c[st.axis] * len(lst) // st.group_size:(c[st.axis] + 1) * len(lst) // st.group_size]  # noqa: E731
+        if st.op in ("reduce_scatter", "slice") and st.scatter_dim == dim:
+            held = {c: chunk(held[c], c) for c in coords}
+        elif st.op in ("allgather", "partial") and st.gather_dim == dim:   # S->P: zeros at the others' blocks
+            held = {c: [i for m in group(c) for i in held[m]] for c in coords}
+        elif st.op == "alltoall" and dim in (st.gather_dim, st.scatter_dim):
+            held = {c: [i for m in group(c) for i in held[m]] if st.gather_dim == dim else chunk(held[c], c)
+                    for c in coords}
+    return held
+
+
+def index_order(p, dim: int, mesh: Mesh, held: dict) -> list[int]:
+    """The global order of `dim` in which every device holds the canonical block of p.dst; fails unless the
+    devices agree on one bijection."""
+    order = [None] * p.shape[dim]
+    for c, lst in held.items():
+        block = range(p.shape[dim])[local_slices(p.shape, p.dst, mesh.shape, c)[dim]]
+        assert len(block) == len(lst)
+        for pos, i in zip(block, lst):
+            assert order[pos] in (None, i), f"devices disagree on position {pos} of dim {dim}"
+            order[pos] = i
+    assert sorted(order) == list(range(p.shape[dim])), "not a permutation"
+    return order
+
+
 def test_autoddl_3d_reduce_scatter_then_allgather():
+    """Consecutive 3D layers: y = [S(0), S(1), P] (rows, columns, partial over the reduction axis) becomes
+    the next layer's x = [S(0), B, S(1)] by a reduce-scatter and an allgather, with the columns permuted
+    (the next layer stores its weight rows in that order); its dX comes back by the adjoint, which restores
+    the order. Without the permutation the fixed block layout needs an extra all-to-all."""
     mesh = Mesh((2, 2, 2), 2)
-    y = (S(0), S(1), P)          # 3D matmul output: rows, columns, partial over the reduction axis
-    x_next = (S(0), B, S(1))     # the next 3D layer's input
-    p = plan((64, 64), ISZ, y, x_next, mesh)
+    y, x_next = (S(0), S(1), P), (S(0), B, S(1))
     whole = 64 * 64 * ISZ
-    ops = comm(p.steps)
-    assert [o for o, _, _ in ops][:2] == ["reduce_scatter", "allgather"]
-    assert ops[0] == ("reduce_scatter", 2, whole // 4) and ops[1] == ("allgather", 1, whole // 8)
+    p = plan((64, 64), ISZ, y, x_next, mesh, frozenset({1}))
+    assert comm(p.steps) == [("reduce_scatter", 2, whole // 4), ("allgather", 1, whole // 8)]
+    assert p.permuted == (1,)
+    order = index_order(p, 1, mesh, held_indices(p, 1, mesh))
+    assert order != list(range(64))
+    back = adjoint(p, mesh)
+    assert (back.src, back.dst) == ((S(0), P, S(1)), (S(0), S(1), B))
+    assert comm(back.steps) == [("reduce_scatter", 1, whole // 4), ("allgather", 2, whole // 8)]
+    start = {c: [order[i] for i in lst] for c, lst in held_indices(plan((64, 64), ISZ, back.src, back.src, mesh),
+                                                                    1, mesh).items()}
+    assert index_order(back, 1, mesh, held_indices(back, 1, mesh, start)) == list(range(64))
+    plain = plan((64, 64), ISZ, y, x_next, mesh)
+    assert [o for o, _, _ in comm(plain.steps)] == ["reduce_scatter", "allgather", "alltoall"] and not plain.permuted
+    assert index_order(plain, 1, mesh, held_indices(plain, 1, mesh)) == list(range(64))
 
 
 def test_colossal_ai_1d_and_2d_forward_volumes():
@@ -116,10 +162,10 @@ def cases(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(cases())
-def test_plan_steps_applied_symbolically_reach_the_target(case):
+@given(cases(), st.sampled_from([frozenset(), frozenset({0}), frozenset({1}), frozenset({0, 1})]))
+def test_plan_steps_applied_symbolically_reach_the_target(case, permutable):
     mesh, src, dst = case
-    p = plan((216, 216), ISZ, src, dst, mesh)
+    p = plan((216, 216), ISZ, src, dst, mesh, permutable)
     assert p.feasible, p.reason
     sig = src
     for step in p.steps:
@@ -127,6 +173,16 @@ def test_plan_steps_applied_symbolically_reach_the_target(case):
         sig = apply_step(sig, step)
         assert sig == step.dst
     assert sig == dst
+    # the data follows: each device ends with a canonical block of the target, in one global order per dim
+    # that only a permutable dim may change; the adjoint (from the target's gradient) restores it
+    assert set(p.permuted) <= permutable
+    back = adjoint(p, mesh)
+    for dim in (0, 1):
+        order = index_order(p, dim, mesh, held_indices(p, dim, mesh))
+        assert dim in p.permuted or order == list(range(216))
+        held = held_indices(plan((216, 216), ISZ, back.src, back.src, mesh), dim, mesh)
+        start = {c: [order[i] for i in lst] for c, lst in held.items()}
+        assert index_order(back, dim, mesh, held_indices(back, dim, mesh, start)) == list(range(216))
 
 
 def test_costs_are_non_negative_and_grow_with_bytes(pricer22):

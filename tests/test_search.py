@@ -15,7 +15,7 @@ from analysis.search import Tabulator, chain_cost, coordinate_descent, dp, evalu
 from calib.calibration import calibration_from_dict
 from calib.synthetic import synthetic_calibration
 from microbench.errors import UsageError
-from tests.conftest import run_cli
+from conftest import run_cli
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 
