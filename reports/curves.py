@@ -49,8 +49,10 @@ def relative_error(cal, op: str, link: str, procs: int, rows: pd.DataFrame) -> p
 
 
 def _rate(key: dict, sizes, seconds) -> np.ndarray:
-    """Bus bandwidth in GB/s for communication; GFLOP/s for gemm, whose size is one n x n operand."""
+    """Bus bandwidth in GB/s for communication; GFLOP/s for gemm, whose size is one n x n operand. NaN where
+    the time is not positive (a prediction interval's lower end can reach zero: no finite rate bounds it)."""
     sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
+    seconds = np.where(seconds > 0, seconds, np.nan)
     if OPS[key["op"]].kind == "compute":
         n = np.sqrt(sizes / itemsize(key["dtype"]))
         return gemm_flops(n) / seconds / GB
