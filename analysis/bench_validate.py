@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
     p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")
+    p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     cal = args.calibration
     if cal is None:
         cal = str(out / "calibration.json")
-        _run([*launch, *commcal, "sweep", "--out", str(out / "sweep"), *SWEEP, "--links", args.links])
+        _run([*launch, *commcal, "sweep", "--out", str(out / "sweep"), *SWEEP, "--links", args.links,
+              *shlex.split(args.sweep_args)])
         _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
     layers = [a for spec in LAYERS for a in ("--layer", spec)]
     _run([*launch, *commcal, "validate", cal, "--mesh", "2x2", "--out", str(out / "validate"), *layers,

@@ -4,11 +4,12 @@ the axis's link class at the axis's group size, with the nccl-tests size of the 
 calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra; spread -> inter ->
 intra (the link actually used is what breakdowns report); an op it lacks on every link costs infinity.
 
-Link sharing: the calibration measured one group at a time, but all groups of a mesh axis run at once.
-Where k of them have ranks on one node and the priced link leaves the node (inter, spread), they share
-that node's network link (`nics_per_node` of them), so each moves its bytes at 1/ceil(k / nics) of the
-bandwidth. An affine piece t(n) = alpha + beta n then costs t(k' n) = alpha + k' beta n: the latency
-is paid once and the bandwidth term k' times, so the calibration is asked at k' times the size."""
+Link sharing: all groups of a mesh axis run at once. Where k of them have ranks on one node and the priced
+link leaves the node (inter, spread), they share that node's network link (`nics_per_node` of them), so
+each moves its bytes at 1/ceil(k / nics) of the bandwidth. The calibration measured g groups per node at
+once (1 unless swept with --concurrent), already sharing 1/ceil(g / nics). An affine piece t(n) = alpha +
+beta n then costs t(s n) with s = ceil(k / nics) / ceil(g / nics): the latency is paid once and the
+bandwidth term s times, so the calibration is asked at s times the size."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ class Pricer:
         self.nics_per_node = nics_per_node
         self._link: dict[tuple[str, int], str | None] = {}
 
-    def sharing(self, link: str, axis: int) -> int:
-        """How many of the axis's groups share each network link of a node (1 within a node)."""
+    def sharing(self, link: str, axis: int) -> float:
+        """The axis's groups per network link of a node over the calibration's (1 within a node)."""
         if link == "intra":
-            return 1
-        return -(-self.mesh.axes[axis].groups_per_node // self.nics_per_node)
+            return 1.0
+        per_link = lambda groups: -(-groups // self.nics_per_node)  # noqa: E731
+        return per_link(self.mesh.axes[axis].groups_per_node) / per_link(self.cal.groups_per_node(link))
 
     def link(self, op: str, axis: int) -> str | None:
         """The calibration link that prices `op` on `axis` (after fallback), or None."""

@@ -18,7 +18,9 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+"""Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -60,9 +62,9 @@ def validate(data: object, where: str = "calibration") -> None:
         raise UsageError(f"{where}: a calibration must be a JSON object, not {type(data).__name__}")
     if data.get("schema") != SCHEMA:
         raise UsageError(f"{where}: key 'schema' is {data.get('schema')!r}, expected {SCHEMA!r}")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READS:
         raise UsageError(f"{where}: key 'version' is {data.get('version')!r}: unsupported calibration version "
-                         f"(this commcal reads version {VERSION})")
+                         f"(this commcal reads versions {', '.join(map(str, READS))})")
     errors = list(Draft202012Validator(json_schema()).iter_errors(data))
     if errors:
         first = min(errors, key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
@@ -140,6 +142,10 @@ class Calibration:
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
         return {k: dict(v) for k, v in self.data["link_classes"].items()}
+
+    def groups_per_node(self, link: str) -> int:
+        """How many groups of `link` per node ran at once when it was measured (1 before sweep --concurrent)."""
+        return int(self.data["link_classes"].get(link, {}).get("groups_per_node", 1))
 
     def has(self, op: str, link: str) -> bool:
         return (op, link) in self._models

@@ -124,6 +124,7 @@ def _link_classes(points: pd.DataFrame) -> dict:
         out[str(link)] = {"meaning": LINK_MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
                           "ranks_per_node": int(shapes["ranks_per_node"].max()),
                           "procs": sorted({int(p) for p in shapes["procs"]}),
+                          "groups_per_node": int(sub["groups_per_node"].max()),
                           "shapes": [{k: int(v) for k, v in r.items()} for r in shapes.to_dict("records")]}
     return out
 

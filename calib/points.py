@@ -13,7 +13,7 @@ from microbench import records
 from microbench.errors import UsageError
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
-         "size_bytes", "dtype", "flops", "wrong")
+         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,12 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
     points = points[points["backend"] == chosen]
     if points.empty:
         raise UsageError(f"no points for backend {chosen!r} (runs hold {', '.join(backends)})")
-    for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes"):
+    comm = points[points["op"] != "gemm"]
+    mixed = comm.groupby(["link", "procs"])["groups"].nunique()
+    if (mixed > 1).any():
+        link, procs = mixed[mixed > 1].index[0]
+        raise UsageError(f"runs mix concurrent and one-group measurements of {link} at {procs} ranks; fit them "
+                         f"separately")
+    for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes", "groups", "groups_per_node"):
         points[col] = points[col].astype("int64")
     return RunSet(points.reset_index(drop=True), tuple(runs), tuple(dropped))

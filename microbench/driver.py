@@ -111,8 +111,11 @@ def _count_wrong(op: Op, backend: Any, comm: MPI.Comm, lay: Layout, dtype: str, 
 
 
 def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,
-                       backend: Any, in_place: bool = False) -> Measurement:
-    """Measure one operation at one layout on `comm` (every member calls this)."""
+                       backend: Any, in_place: bool = False, ctrl: MPI.Comm | None = None) -> Measurement:
+    """Measure one operation at one layout on `comm` (every member calls this). `ctrl` spans every group
+    measured at once (default: comm alone): iteration times are the max over all of them, and since every
+    rank then sees the same numbers, all groups take the same stopping decisions and stay in step."""
+    ctrl = comm if ctrl is None else ctrl
     wrong = _count_wrong(op, backend, comm, lay, dtype, in_place)
     send, recv = op.fill(backend.xp, lay, dtype, comm.rank, comm.size, in_place)
     backend.sync()
@@ -122,7 +125,7 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
         t0 = time.perf_counter()
         local = timer.run(op, comm, send, recv, lay, dtype, iters)
         buf = np.append(local, time.perf_counter() - t0)
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        ctrl.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
         return buf[:-1] * scale, float(buf[-1])
 
     first, _ = batch(2)                              # warm-up; its length sizes the rest of warm-up
@@ -143,7 +146,7 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
         if rule.done(est, elapsed):
             break
     wrong += _count_wrong(op, backend, comm, lay, dtype, in_place)
-    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    wrong = ctrl.allreduce(wrong, op=MPI.SUM)
     samples = np.concatenate(chunks)
     return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong,
                        in_place=in_place)

@@ -47,10 +47,12 @@ class PointKey:
     procs: int
     requested_bytes: int
     dtype: str
+    groups: int = 1          # groups measured at once (sweep --concurrent)
 
     @property
     def point_id(self) -> str:
-        return f"{self.backend}-{self.op}-{self.link}-p{self.procs}-{self.requested_bytes}B-{self.dtype}"
+        tail = f"-x{self.groups}" if self.groups > 1 else ""
+        return f"{self.backend}-{self.op}-{self.link}-p{self.procs}-{self.requested_bytes}B-{self.dtype}{tail}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class PointSummary:
     wrong: int               # elements that differed from the expected result in check iterations
     flops: float             # per iteration for gemm, 0 otherwise
     flops_per_s: float       # flops / median_s for gemm, 0 otherwise
+    groups: int = 1          # disjoint groups of this shape measured at once (sweep --concurrent), max over them
+    groups_per_node: int = 1  # the most of those groups with ranks on one node (they share its network link)
 
     @property
     def ci_rel_half_width(self) -> float:
@@ -99,6 +103,8 @@ class PointSummary:
 
 
 SUMMARY_COLUMNS = tuple(PointSummary.__dataclass_fields__)
+ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1}
+"""Summary columns added after the first runs were written, with the value those runs meant."""
 SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s")
 """samples: time_s is one timed iteration, the max over the participating ranks."""
 
@@ -131,7 +137,7 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
     read_run_json(run_dir)
     consolidated = run_dir / "summary.parquet"
     if consolidated.is_file():
-        return _read_parquet(consolidated)
+        return _complete(_read_parquet(consolidated))
     rows = []
     for f in sorted((run_dir / "points").glob("*.json")):
         try:
@@ -140,7 +146,15 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
             raise UsageError(f"{f}: corrupt point record") from None
     if not rows:
         raise UsageError(f"{run_dir}: run holds no finished points")
-    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+    return _complete(pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS)))
+
+
+def _complete(summary: pd.DataFrame) -> pd.DataFrame:
+    """Fill the ADDED_COLUMNS an older run lacks."""
+    for col, value in ADDED_COLUMNS.items():
+        summary[col] = (summary[col].fillna(value) if col in summary else value)
+        summary[col] = summary[col].astype("int64")
+    return summary
 
 
 def load_samples(run_dir: str | Path, columns: list[str] | None = None) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
 from microbench.records import PointKey, PointSummary
 from microbench.sizes import format_size
 from microbench.stats import StopRule
-from microbench.topology import Group, group_for
+from microbench.topology import Group, group_for, groups_per_node, tiles
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,21 @@ class SweepConfig:
     gemm_dtypes: tuple[str, ...] = GEMM_DTYPES
     in_place: bool = False
     retries: int = 1
+    concurrent: bool = False
 
 
 @dataclass(frozen=True)
 class PlannedPoint:
     key: PointKey
     op: Op
-    group: Group
+    group: Group                 # the group world rank 0 measures in
     layout: Layout
+    tiles: tuple[Group, ...] = ()   # every group measured at once (concurrent sweeps); () means (group,)
+    groups_per_node: int = 1
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        return self.tiles or (self.group,)
 
 
 def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
@@ -58,9 +65,12 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
                 group = group_for(link, p, hosts) if p >= 2 or (p == 1 and link == "intra") else None
                 if group is None:
                     continue
+                together = tiles(link, p, hosts) if cfg.concurrent else (group,)
+                per_node = groups_per_node(together, hosts)
                 for size in cfg.sizes:
                     lay = op.layout(size, p, itemsize(COMM_DTYPE))
-                    points.append(PlannedPoint(PointKey(cfg.backend, op.name, link, p, size, COMM_DTYPE), op, group, lay))
+                    key = PointKey(cfg.backend, op.name, link, p, size, COMM_DTYPE, len(together))
+                    points.append(PlannedPoint(key, op, group, lay, together if cfg.concurrent else (), per_node))
     return points
 
 
@@ -99,7 +109,8 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, rule: StopRu
         median_s=est.median, ci_low_s=est.ci_low, ci_high_s=est.ci_high, min_s=est.min, p95_s=est.p95,
         mean_s=est.mean, target_ci=rule.target_ci, target_met=m.target_met, algbw_Bps=algbw,
         busbw_Bps=algbw * pt.op.bus_factor(p), wrong=m.wrong, flops=m.flops,
-        flops_per_s=m.flops / est.median if m.flops and est.median > 0 else 0.0)
+        flops_per_s=m.flops / est.median if m.flops and est.median > 0 else 0.0,
+        groups=len(pt.groups), groups_per_node=pt.groups_per_node)
 
 
 def _idle_until(req: MPI.Request) -> None:
@@ -141,12 +152,11 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
     """Measure every planned point not in `done`, then measure again (up to cfg.retries times, at the end, so
     in another time window) the points whose CI missed the target, keeping the attempt with the tighter CI.
     Returns the number of wrong elements seen."""
-    comms: dict[tuple[str, int], MPI.Comm] = {}
+    comms: dict[tuple[str, int, int], tuple[MPI.Comm, MPI.Comm]] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
-        k = (pt.group.link, pt.group.procs)
+        k = (pt.group.link, pt.group.procs, len(pt.groups))
         if k not in comms:
-            member = world.rank in pt.group.ranks
-            comms[k] = world.Split(0 if member else MPI.UNDEFINED, key=pt.group.ranks.index(world.rank) if member else 0)
+            comms[k] = _split(world, pt.groups)
     progress = Progress(len(points)) if world.rank == 0 else None
     if progress:
         progress.header()
@@ -155,13 +165,14 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
 
     def measure(pt: PlannedPoint, retry: str) -> None:
         nonlocal wrong
-        comm = comms[(pt.group.link, pt.group.procs)]
+        comm, ctrl = comms[(pt.group.link, pt.group.procs, len(pt.groups))]
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
                 m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend)
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
-                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place)
+                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place,
+                                              ctrl)
             if world.rank == 0:
                 s = summarize(run_id, pt, m, cfg.rule, timer.path)
                 wrong += s.wrong
@@ -184,7 +195,19 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
         for pt in points:
             if pt.key.point_id in again:
                 measure(pt, f"retry {attempt}")
-    for comm in comms.values():
-        if comm != MPI.COMM_NULL:
-            comm.Free()
+    for pair in comms.values():
+        for comm in {id(c): c for c in pair}.values():
+            if comm != MPI.COMM_NULL:
+                comm.Free()
     return world.bcast(wrong, root=0)
+
+
+def _split(world: MPI.Comm, groups: tuple[Group, ...]) -> tuple[MPI.Comm, MPI.Comm]:
+    """(this rank's group communicator, the control communicator over every group measured at once);
+    COMM_NULL where this rank is in none. With one group the two are the same communicator."""
+    mine = next((i for i, g in enumerate(groups) if world.rank in g.ranks), None)
+    comm = world.Split(MPI.UNDEFINED if mine is None else mine,
+                       key=0 if mine is None else groups[mine].ranks.index(world.rank))
+    if len(groups) == 1:
+        return comm, comm
+    return comm, world.Split(MPI.UNDEFINED if mine is None else 0, key=world.rank)

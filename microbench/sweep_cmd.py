@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retries", type=int, default=1,
                    help="measure points whose CI missed the target again at the end of the sweep, up to this many "
                         "times, keeping the attempt with the tighter CI (default 1; 0 turns it off)")
+    p.add_argument("--concurrent", action="store_true",
+                   help="measure every disjoint group of a shape at once (as all groups of a mesh axis run in "
+                        "training) instead of one group while the other ranks wait")
     p.add_argument("--quick", action="store_true", help="a preset that finishes in under a minute on 2 local ranks")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
     p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), default="mpi",
@@ -67,6 +70,7 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
+                       concurrent=args.concurrent,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -147,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
             timing_note=timing_note,
             options=dict(ops=[op.name for op in cfg.ops], sizes=list(cfg.sizes), procs=list(cfg.procs),
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
-                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries, quick=args.quick,
+                         min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries,
+                         concurrent=cfg.concurrent, quick=args.quick,
                          in_place=cfg.in_place))
         run_id = meta["run_id"]
         store.write_run(meta)

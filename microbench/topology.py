@@ -51,6 +51,35 @@ def group_for(link: str, procs: int, hosts: list[str]) -> Group | None:
     raise UsageError(f"unknown link class {link!r}; choose from {', '.join(LINK_CLASSES)}")
 
 
+def tiles(link: str, procs: int, hosts: list[str]) -> tuple[Group, ...]:
+    """Disjoint groups of group_for's shape, as many as the job holds, group_for's own first: what runs at
+    once in a concurrent sweep, the way all groups of a mesh axis run at once in training. Lane j of a
+    node is its j-th rank; intra groups take consecutive ranks of one node, inter groups one lane across
+    procs nodes, spread groups r consecutive lanes across n nodes."""
+    first = group_for(link, procs, hosts)
+    if first is None:
+        return ()
+    nodes = nodes_of(hosts)
+    n, r = first.nodes, first.ranks_per_node
+    lanes = min(len(node) for node in nodes)
+    out = []
+    for block in range(len(nodes) // n):
+        members = nodes[block * n:(block + 1) * n]
+        width = min(len(node) for node in members) if link == "intra" else lanes
+        for lane in range(0, width - r + 1, r):
+            out.append(Group(link, procs, n, r, tuple(rank for node in members for rank in node[lane:lane + r])))
+    return tuple(out)
+
+
+def groups_per_node(groups: tuple[Group, ...], hosts: list[str]) -> int:
+    """The most groups with ranks on any one node (they share its network link)."""
+    count: dict[str, int] = {}
+    for g in groups:
+        for host in {hosts[r] for r in g.ranks}:
+            count[host] = count.get(host, 0) + 1
+    return max(count.values(), default=0)
+
+
 def default_procs(world: int) -> list[int]:
     """Powers of two from 2 up to the world size, plus the world size."""
     counts, p = [], 2

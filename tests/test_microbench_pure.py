@@ -11,7 +11,7 @@ from microbench.errors import UsageError
 from microbench.ops import OPS, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
 from microbench.stats import StopRule, estimate, median_ci_ranks
-from microbench.topology import default_procs, group_for, parse_links, parse_procs
+from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
 @pytest.mark.parametrize("text,want", [("8", 8), ("1K", 1024), ("64M", 64 << 20), ("2G", 2 << 30), ("3m", 3 << 20),
@@ -152,6 +152,26 @@ def test_link_groups_from_hosts():
     assert group_for("intra", 2, cyclic).ranks == (0, 2)
     assert group_for("inter", 2, cyclic).ranks == (0, 1)
     assert group_for("inter", 2, ["a", "a"]) is None
+
+
+def test_concurrent_tiles_are_disjoint_groups_of_one_shape():
+    hosts = ["a", "a", "b", "b"]
+    ranks = lambda link, p, h: [g.ranks for g in tiles(link, p, h)]  # noqa: E731
+    assert ranks("intra", 2, hosts) == [(0, 1), (2, 3)]          # one per node
+    assert ranks("inter", 2, hosts) == [(0, 2), (1, 3)]          # one per lane: both share each node's link
+    assert ranks("spread", 4, hosts) == [(0, 1, 2, 3)]
+    assert groups_per_node(tiles("inter", 2, hosts), hosts) == 2
+    assert groups_per_node(tiles("intra", 2, hosts), hosts) == 1
+    three = ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert ranks("inter", 2, three) == [(0, 3), (1, 4), (2, 5)]  # node c left idle: no partner
+    assert ranks("intra", 2, three) == [(0, 1), (3, 4), (6, 7)]  # one rank per node left idle
+    assert ranks("inter", 3, three) == [(0, 3, 6), (1, 4, 7), (2, 5, 8)]
+    for link, p in (("intra", 2), ("inter", 2), ("inter", 3), ("spread", 6)):
+        got = tiles(link, p, three)
+        assert got[0] == group_for(link, p, three)
+        flat = [r for g in got for r in g.ranks]
+        assert len(flat) == len(set(flat)) and all(len(g.ranks) == p for g in got)
+    assert tiles("intra", 4, hosts) == ()
 
 
 def test_process_counts_and_links():

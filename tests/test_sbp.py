@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -228,3 +229,12 @@ def test_concurrent_groups_of_an_axis_share_each_node_link(pricer22):
     alone = Pricer(cal, Mesh((2,), 1))               # one rank per node: nothing to share
     assert alone.mesh.axes[0].groups_per_node == 1
     assert alone.seconds("allreduce", 0, n)[0] == pytest.approx(cal.predict_seconds("allreduce", "inter", 2, n)[0])
+    # a calibration swept with --concurrent already shared the link between 2 groups per node
+    from calib.calibration import calibration_from_dict
+    data = json.loads(json.dumps(cal.data))
+    data["link_classes"]["inter"]["groups_per_node"] = 2
+    shared = calibration_from_dict(data)
+    assert Pricer(shared, pricer22.mesh).seconds("allreduce", 0, n)[0] == \
+        pytest.approx(shared.predict_seconds("allreduce", "inter", 2, n)[0])
+    assert Pricer(shared, alone.mesh).seconds("allreduce", 0, n)[0] == \
+        pytest.approx(shared.predict_seconds("allreduce", "inter", 2, [1 << 19])[0])

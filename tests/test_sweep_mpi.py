@@ -1,6 +1,7 @@
 """`commcal sweep` on real mpirun jobs: correct results, the expected records, resume after a
 SIGKILL, and one-line errors with exit code 2 for bad input."""
 
+import json
 import os
 import re
 import signal
@@ -119,6 +120,28 @@ def test_points_missing_the_ci_target_are_measured_again_and_the_tightest_attemp
     counts = load_samples(out).groupby("point_id").size()
     assert counts.reindex(summary.point_id).tolist() == summary.samples.tolist()
     assert read_run_json(out)["options"]["retries"] == 2
+
+
+def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
+    """4 ranks on one host: intra pairs (0,1) and (2,3) run at once; the fit records it for the pricer."""
+    out = tmp_path / "run"
+    args = ["--ops", "allreduce,pingpong", "--links", "intra", "--procs", "2", "--sizes", "8,1K,64K,1M", *FAST]
+    run_mpi(4, ["sweep", "--out", str(out), "--concurrent", *args], check=True)
+    summary = load_summary(out)
+    assert len(summary) == 8 and (summary.wrong == 0).all()
+    assert (summary.groups == 2).all() and (summary.groups_per_node == 2).all()
+    assert summary.point_id.str.endswith("-x2").all()
+    assert read_run_json(out)["options"]["concurrent"] is True
+    cal = tmp_path / "cal.json"
+    run_cli(["fit", str(out), "--out", str(cal)], check=True)
+    assert json.loads(cal.read_text())["link_classes"]["intra"]["groups_per_node"] == 2
+    # one-group points of the same shape do not fit together with concurrent ones
+    single = tmp_path / "single"
+    run_mpi(2, ["sweep", "--out", str(single), *args], check=True)
+    assert (load_summary(single).groups == 1).all()
+    mixed = run_cli(["fit", str(out), str(single), "--out", str(tmp_path / "mixed.json")])
+    assert mixed.returncode == 2 and "mix concurrent and one-group" in mixed.stderr, mixed.stderr
+    assert not (tmp_path / "mixed.json").exists()
 
 
 @pytest.mark.parametrize("args,message", [
