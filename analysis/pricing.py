@@ -1,6 +1,6 @@
 """Prices plan steps and local computations from a calibration (anything with calib.calibration's
-predict_seconds and gemm_flops_per_s). A collective on a mesh axis is priced by the calibration entry of
-the axis's link class at the axis's group size, with the nccl-tests size of the step. Fallback when the
+predict_seconds, gemm_flops_per_s and groups_per_node). A collective on a mesh axis is priced by the
+calibration entry of the axis's link class at the axis's group size, with the nccl-tests size of the step. Fallback when the
 calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra; spread -> inter ->
 intra (the link actually used is what breakdowns report); an op it lacks on every link costs infinity.
 

@@ -40,7 +40,7 @@ class PlannedPoint:
     op: Op
     group: Group                 # the group world rank 0 measures in
     layout: Layout
-    tiles: tuple[Group, ...] = ()   # every group measured at once (concurrent sweeps); () means (group,)
+    tiles: tuple[Group, ...] = ()   # every group measured at once (one, unless concurrent); () means (group,)
     groups_per_node: int = 1
 
     @property
@@ -70,7 +70,7 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
                 for size in cfg.sizes:
                     lay = op.layout(size, p, itemsize(COMM_DTYPE))
                     key = PointKey(cfg.backend, op.name, link, p, size, COMM_DTYPE, len(together))
-                    points.append(PlannedPoint(key, op, group, lay, together if cfg.concurrent else (), per_node))
+                    points.append(PlannedPoint(key, op, group, lay, together, per_node))
     return points
 
 
