@@ -1,8 +1,9 @@
 """Prices plan steps and local computations from a calibration (anything with calib.calibration's
 predict_seconds, gemm_flops_per_s and groups_per_node). A collective on a mesh axis is priced by the
 calibration entry of the axis's link class at the axis's group size, with the nccl-tests size of the step.
-Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra; spread -> inter ->
-intra (the link actually used is what breakdowns report); an op it lacks on every link costs infinity.
+Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra;
+spread -> inter -> intra (the link actually used is what breakdowns report); an op it lacks on every link
+costs infinity.
 
 Link sharing: all groups of a mesh axis run at once. Where k of them have ranks on one node and the priced
 link leaves the node (inter, spread), they share that node's network link (`nics_per_node` of them), so
