@@ -50,6 +50,8 @@ def run_step(step: Step, buf, coll, coord: tuple[int, ...], xp=np, check_bytes: 
         d = step.scatter_dim
         n = buf.shape[d] // g
         return xp.ascontiguousarray(buf[(slice(None),) * d + (slice(coord[axis] * n, (coord[axis] + 1) * n),)])
+    if op == "relabel":
+        return buf
     if op == "partial":
         if step.gather_dim is None:
             return buf if coord[axis] == 0 else xp.zeros_like(buf)

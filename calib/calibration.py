@@ -56,6 +56,18 @@ def _describe(err) -> str:
     return f"key '{_key(path)}': {err.message}"
 
 
+def _non_finite(obj, path=()) -> str | None:
+    """The key of the first NaN or infinity in a JSON-like value (JSON has neither), or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return _key(path)
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        found = _non_finite(v, (*path, k))
+        if found is not None:
+            return found
+    return None
+
+
 def validate(data: object, where: str = "calibration") -> None:
     """Raise UsageError (one line naming the key) unless `data` is a valid calibration of this version."""
     if not isinstance(data, dict):
@@ -69,6 +81,9 @@ def validate(data: object, where: str = "calibration") -> None:
     if errors:
         first = min(errors, key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
         raise UsageError(f"{where}: {_describe(first)}")
+    bad = _non_finite(data)
+    if bad is not None:
+        raise UsageError(f"{where}: key '{bad}' is not a finite number")
     for op, by_link in data["models"].items():
         for link, model in by_link.items():
             if model["algorithm"] not in known_algorithms():

@@ -142,10 +142,16 @@ def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
     comm = pts[pts["op"] != "gemm"]
     models, hockney, warnings = {}, [], list(runs.dropped)
     for (op, link), df in comm.groupby(["op", "link"], sort=True):
-        model, why = fit_model(str(op), str(link), df, opts)
-        warnings += why
-        if model is not None:
-            models.setdefault(str(op), {})[str(link)] = model
+        # one rank communicates with nobody: the algorithm shapes are 0 there, so only p > 1 fits a model
+        shared = df if op in P2P_OPS else df[df["procs"] > 1]
+        if shared.empty:
+            warnings.append(f"{op}/{link}: only one process measured; no collective model (the Hockney table "
+                            "has p=1)")
+        else:
+            model, why = fit_model(str(op), str(link), shared, opts)
+            warnings += why
+            if model is not None:
+                models.setdefault(str(op), {})[str(link)] = model
         if op not in P2P_OPS:
             rows, why = hockney_rows(str(op), str(link), df, opts)
             hockney += rows

@@ -63,9 +63,11 @@ class Op:
     in_place: Callable[..., tuple] | None = None  # (send, recv, rank, block) -> in-place (send, recv) views
 
     def layout(self, requested_bytes: int, procs: int, itemsize: int) -> Layout:
-        """Round the element count so every rank's block is whole (at least one element per block)."""
+        """Round the element count so every rank's block is whole (at least one element per block); a gemm
+        side of 64 or more rounds down to a multiple of 64, as model dimensions are (odd sides are slow)."""
         if self.kind == "compute":
             n = max(1, math.isqrt(max(1, requested_bytes // itemsize)))
+            n = n - n % 64 if n >= 64 else n
             return Layout(requested_bytes, n * n * itemsize, n * n, n * n, n, itemsize)
         elements = max(1, requested_bytes // itemsize)
         if not (self.send_blocks or self.recv_blocks):
@@ -173,6 +175,19 @@ def parse_ops(text: str | None) -> list[Op]:
 
 def gemm_flops(n: int) -> float:
     return 2.0 * n ** 3
+
+
+GEMM_UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def gemm_wrong(a64: np.ndarray, b64: np.ndarray, c: np.ndarray, n: int, dtype: str) -> int:
+    """Sampled product entries outside the rounding bound (u_out + n u_acc) * sum |a||b|: the output's
+    rounding plus a float32 (float64) accumulation over n terms. A misplaced term is far outside it."""
+    want = np.einsum("ij,ji->i", a64, b64)
+    scale = np.einsum("ij,ji->i", np.abs(a64), np.abs(b64))
+    u_acc = GEMM_UNIT_ROUNDOFF["float64" if dtype == "float64" else "float32"]
+    bound = (GEMM_UNIT_ROUNDOFF[dtype] + n * u_acc) * scale
+    return int((~(np.abs(c - want) <= bound)).sum())
 
 
 def numpy_dtype(name: str):

@@ -80,6 +80,8 @@ def _mutations():
         (put(["link_classes", "galaxy"], {}), "unknown key 'link_classes.galaxy'"),
         (put(["models", "allreduce", "inter", "procs_measured"], ["2"]), "procs_measured.0"),
         (put(["models", "allreduce", "inter", "algorithm"], "magic"), "'models.allreduce.inter.algorithm' is 'magic'"),
+        (put([*seg, "alpha_ci95_s"], [0.0, math.nan]), "key 'models.allreduce.inter.segments.0.alpha_ci95_s.1' is "
+                                                       "not a finite number"),
     ]
 
 
@@ -89,10 +91,11 @@ def test_loader_rejects_bad_files_naming_the_key(cal_dict, tmp_path, mutate, mes
     mutate(bad)
     with pytest.raises(UsageError, match=message.replace(".", r"\.")):
         calibration_from_dict(bad)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(bad))
-    with pytest.raises(UsageError, match=message.replace(".", r"\.")):
-        load_calibration(path)
+    if "finite" not in message:  # JSON cannot hold NaN: the file form is test_loader_rejects_unreadable_json's
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(UsageError, match=message.replace(".", r"\.")):
+            load_calibration(path)
 
 
 def test_table_on_a_bad_file_is_one_line_and_exit_2(cal_dict, tmp_path):

@@ -34,3 +34,20 @@ def test_real_sweep_fits_predicts_and_tabulates(tmp_path):
     assert out.returncode == 0 and "not measured" in out.stdout
     table = run_cli(["table", str(cal_path), "--format", "csv"])
     assert table.returncode == 0 and "allreduce,intra" in table.stdout
+
+
+def test_a_one_rank_sweep_fits_hockney_rows_but_no_collective_model(tmp_path):
+    """At p=1 every algorithm shape is 0: the fit keeps the p=1 Hockney line and says there is no model
+    (a GPU node's single-rank NCCL sweep once produced a rank-deficient fit and NaN in the file)."""
+    run = tmp_path / "run"
+    run_mpi(1, ["sweep", "--quick", "--procs", "1", "--ops", "allreduce,bcast", "--out", str(run)], check=True)
+    cal_path = tmp_path / "cal.json"
+    fit = run_cli(["fit", str(run), "--out", str(cal_path)])
+    assert fit.returncode == 0, fit.stderr
+    assert "allreduce/intra: only one process measured; no collective model" in fit.stderr
+    cal = load_calibration(cal_path)
+    assert not cal.has("allreduce", "intra") and not cal.has("bcast", "intra")
+    rows = [r for r in cal.data["hockney"] if r["op"] == "allreduce"]
+    assert rows and {r["procs"] for r in rows} == {1} and all(r["alpha_s"] > 0 for r in rows)
+    table = run_cli(["table", str(cal_path)])
+    assert table.returncode == 0, table.stderr

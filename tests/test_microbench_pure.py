@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from microbench.errors import UsageError
-from microbench.ops import OPS, itemsize, parse_ops
+from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
 from microbench.stats import StopRule, estimate, median_ci_ranks
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
@@ -116,6 +116,34 @@ def test_layouts_keep_whole_blocks_and_nccl_size_meaning():
     ar = OPS["allreduce"].layout(64 << 20, 8, f4)
     assert ar.size_bytes == 64 << 20 and ar.send_count == 16 << 20
     assert OPS["allreduce"].bytes_per_rank(ar.size_bytes, 8) == pytest.approx(2 * 7 / 8 * (64 << 20))
+
+
+def test_gemm_sides_round_down_to_multiples_of_64():
+    f2, f4 = itemsize("float16"), itemsize("float32")
+    assert OPS["gemm"].layout(256 << 20, 1, f2).block == 11584          # sqrt(128M) = 11585.2
+    assert OPS["gemm"].layout(16 << 20, 1, f4).block == 2048
+    assert OPS["gemm"].layout(64 << 10, 1, f4).block == 128
+    assert OPS["gemm"].layout(1000, 1, f4).block == 15                  # under 64: as it is
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_gemm_check_accepts_rounding_and_catches_a_misplaced_term(dtype):
+    rng = np.random.default_rng(1)
+    n = 512
+    a = rng.standard_normal((8, n)).astype(dtype).astype(np.float64)
+    b = rng.standard_normal((n, 8)).astype(dtype).astype(np.float64)
+    acc = np.float64 if dtype == "float64" else np.float32
+    exact = np.einsum("ij,ji->i", a, b)
+    computed = np.einsum("ij,ji->i", a.astype(acc), b.astype(acc)).astype(dtype).astype(np.float64)
+    assert gemm_wrong(a, b, computed, n, dtype) == 0
+    assert gemm_wrong(a, b, exact, n, dtype) == 0
+    shifted = np.einsum("ij,ji->i", a, np.roll(b, 1, axis=0))           # one row of b off by one
+    assert gemm_wrong(a, b, shifted, n, dtype) == 8
+    zeros = np.zeros(8)
+    assert gemm_wrong(a, b, zeros, n, dtype) == 8
+    nan = computed.copy()
+    nan[0] = np.nan
+    assert gemm_wrong(a, b, nan, n, dtype) == 1
 
 
 def test_expected_results_are_consistent_across_ranks():
