@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _row(st, pricer: Pricer) -> dict:
     if isinstance(st, Compute):
         return {"kind": "compute", "expr": st.expr, "operand_shapes": st.operand_shapes,
-                "out_shape": st.out_shape, "flops": st.flops, "seconds": st.flops / pricer.flops_per_s}
+                "out_shape": st.out_shape, "flops": st.flops, "seconds": float(pricer.compute_seconds(st.flops))}
     secs = float(pricer.seconds(st.op, st.axis, [st.size_bytes])[0]) if st.is_comm else 0.0
     return {"kind": "comm" if st.is_comm else "local", "op": st.op, "axis": st.axis, "link": st.link,
             "priced_link": pricer.link(st.op, st.axis) if st.is_comm else None, "src": list(map(str, st.src)),

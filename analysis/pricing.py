@@ -1,6 +1,7 @@
 """Prices plan steps and local computations from a calibration (anything with calib.calibration's
-predict_seconds, gemm_flops_per_s and groups_per_node). A collective on a mesh axis is priced by the
-calibration entry of the axis's link class at the axis's group size, with the nccl-tests size of the step.
+predict_seconds, gemm_flops_per_s, gemm_latency_s and groups_per_node). A collective on a mesh axis is
+priced by the calibration entry of the axis's link class at the axis's group size, with the nccl-tests
+size of the step; a local computation costs the GEMM latency plus its flops at the GEMM rate.
 Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra;
 spread -> inter -> intra (the link actually used is what breakdowns report); an op it lacks on every link
 costs infinity.
@@ -29,6 +30,7 @@ class Pricer:
         self.cal = calibration
         self.mesh = mesh
         self.flops_per_s = calibration.gemm_flops_per_s(dtype)
+        self.compute_latency_s = calibration.gemm_latency_s(dtype)
         self.nics_per_node = nics_per_node
         self._link: dict[tuple[str, int], str | None] = {}
 
@@ -55,15 +57,20 @@ class Pricer:
             return np.full(size_bytes.shape, np.inf)
         return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes * self.sharing(link, axis))
 
+    def compute_seconds(self, flops):
+        """A local computation: the calibration's per-call latency plus its flops at the GEMM rate."""
+        return self.compute_latency_s + np.asarray(flops, dtype=float) / self.flops_per_s
+
     def price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
         """(communication seconds, compute seconds) of each list of steps, priced in one vectorised pass
         per (op, axis)."""
         groups: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
-        compute = np.zeros(len(step_lists))
+        flops, calls = np.zeros(len(step_lists)), np.zeros(len(step_lists))
         for i, steps in enumerate(step_lists):
             for st in steps:
                 if hasattr(st, "flops"):
-                    compute[i] += st.flops
+                    flops[i] += st.flops
+                    calls[i] += 1
                 elif st.is_comm:
                     idx, size = groups[(st.op, st.axis)]
                     idx.append(i)
@@ -71,14 +78,14 @@ class Pricer:
         comm = np.zeros(len(step_lists))
         for (op, axis), (idx, size) in groups.items():
             comm += np.bincount(idx, weights=self.seconds(op, axis, size), minlength=len(step_lists))
-        return comm, compute / self.flops_per_s
+        return comm, calls * self.compute_latency_s + flops / self.flops_per_s
 
     def breakdown(self, steps) -> dict[str, float]:
         """Seconds per "collective/link" (the link that priced it), plus "compute"."""
         out: dict[str, float] = defaultdict(float)
         for st in steps:
             if hasattr(st, "flops"):
-                out["compute"] += st.flops / self.flops_per_s
+                out["compute"] += float(self.compute_seconds(st.flops))
             elif st.is_comm:
                 out[f"{st.op}/{self.link(st.op, st.axis)}"] += float(self.seconds(st.op, st.axis, [st.size_bytes])[0])
         return dict(out)

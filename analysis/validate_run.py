@@ -82,7 +82,7 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
         e = it.entry
         if isinstance(e, Compute):
             out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
-                        "link": "", "size_bytes": 0, "predicted_s": e.flops / pricer.flops_per_s, "measured_s": meas})
+                        "link": "", "size_bytes": 0, "predicted_s": float(pricer.compute_seconds(e.flops)), "measured_s": meas})
             continue
         pred = float(pricer.seconds(e.op, e.axis, [e.size_bytes])[0]) if e.is_comm else 0.0
         out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,

@@ -18,8 +18,8 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 2
-READS = (1, 2)
+VERSION = 3
+READS = (1, 2, 3)
 """Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
@@ -208,6 +208,11 @@ class Calibration:
             raise UsageError(f"calibration {self.path or ''} has no GEMM rate for dtype {dtype!r} "
                              f"(has: {', '.join(rates) or 'none'})")
         return float(rates[dtype]["flops_per_s"])
+
+    def gemm_latency_s(self, dtype: str) -> float:
+        """Per-call overhead of a local product (0 in calibrations before version 3)."""
+        self.gemm_flops_per_s(dtype)
+        return float(self.data["compute"]["gemm"][dtype].get("latency_s", 0.0))
 
 
 def _reject_constant(name: str):

@@ -105,15 +105,22 @@ def hockney_rows(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tupl
 
 
 def gemm_rates(df: pd.DataFrame) -> dict:
-    """Per dtype: the saturated GEMM rate (median over sizes reaching 90% of the peak) and where it saturates."""
+    """Per dtype: the saturated GEMM rate R (median over sizes reaching 90% of the peak), where it saturates,
+    and the per-call latency L of t = L + flops / R: the relative-error weighted mean of t - flops / R (at
+    least 0), so small products are not priced at nanoseconds where a call costs microseconds."""
     out = {}
     for dtype, sub in df.groupby("dtype"):
-        rate = (sub["flops"] / sub["seconds"]).to_numpy()
+        seconds, flops = sub["seconds"].to_numpy(dtype=float), sub["flops"].to_numpy(dtype=float)
+        rate = flops / seconds
         size = sub["size_bytes"].to_numpy(dtype=float)
         peak = float(rate.max())
         sat = rate >= 0.9 * peak
-        out[str(dtype)] = {"flops_per_s": float(np.median(rate[sat])), "peak_flops_per_s": peak,
-                           "saturation_bytes": float(size[sat].min()), "n_points": int(len(rate))}
+        flops_per_s = float(np.median(rate[sat]))
+        weights = 1.0 / seconds ** 2
+        latency = float(np.sum(weights * (seconds - flops / flops_per_s)) / np.sum(weights))
+        out[str(dtype)] = {"flops_per_s": flops_per_s, "peak_flops_per_s": peak,
+                           "saturation_bytes": float(size[sat].min()), "n_points": int(len(rate)),
+                           "latency_s": max(latency, 0.0), "groups_per_node": int(sub["groups_per_node"].max())}
     return out
 
 

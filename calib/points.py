@@ -104,6 +104,10 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
         link, procs = mixed[mixed > 1].index[0]
         raise UsageError(f"runs mix concurrent and one-group measurements of {link} at {procs} ranks; fit them "
                          f"separately")
+    mixed = points[points["op"] == "gemm"].groupby("dtype")["groups"].nunique()
+    if (mixed > 1).any():
+        raise UsageError(f"runs mix concurrent and one-rank gemm measurements of {mixed[mixed > 1].index[0]}; fit them "
+                         f"separately")
     for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes", "groups", "groups_per_node"):
         points[col] = points[col].astype("int64")
     return RunSet(points.reset_index(drop=True), tuple(runs), tuple(dropped))

@@ -67,9 +67,10 @@ def markdown(cal: Calibration) -> str:
         out += ["", f"## {title}", "", _md(headers, rows) if rows else "(none)"]
     gemm = cal.data["compute"]["gemm"]
     if gemm:
-        out += ["", "## GEMM", "", _md(["dtype", "GFLOP/s (saturated)", "peak GFLOP/s", "saturates at"],
+        out += ["", "## GEMM", "", _md(["dtype", "GFLOP/s (saturated)", "peak GFLOP/s", "saturates at", "latency us"],
                                        [[dt, f"{g['flops_per_s'] / 1e9:.4g}", f"{g['peak_flops_per_s'] / 1e9:.4g}",
-                                         format_size(g["saturation_bytes"])] for dt, g in sorted(gemm.items())])]
+                                         format_size(g["saturation_bytes"]), f"{g.get('latency_s', 0.0) * 1e6:.3g}"]
+                                        for dt, g in sorted(gemm.items())])]
     if cal.data["warnings"]:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in cal.data["warnings"]]
     return "\n".join(out) + "\n"

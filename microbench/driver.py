@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -109,6 +109,28 @@ def _count_wrong(op: Op, backend: Any, comm: MPI.Comm, lay: Layout, dtype: str, 
     return int((got != want).sum())
 
 
+def _sample(batch: Callable[[int], tuple[np.ndarray, float]], rule: StopRule) -> tuple[np.ndarray, Estimate]:
+    """Warm up, then take batches of timed iterations until the stopping rule says done. `batch(iters)`
+    returns (per-iteration seconds, wall seconds of the batch), identical on every rank in step."""
+    first, _ = batch(2)                              # warm-up; its length sizes the rest of warm-up
+    per_iter = max(float(first.max()), 1e-9)
+    extra = int(min(20, 0.05 * rule.budget_s / per_iter))
+    if extra > 0:
+        batch(extra)
+    chunks: list[np.ndarray] = []
+    have, elapsed = 0, 0.0
+    while True:
+        iters = rule.next_batch(have, per_iter, elapsed)
+        times, wall = batch(iters)
+        chunks.append(times)
+        have += iters
+        elapsed += wall
+        per_iter = wall / iters
+        est = estimate(np.concatenate(chunks))
+        if rule.done(est, elapsed):
+            return np.concatenate(chunks), est
+
+
 def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,
                        backend: Any, in_place: bool = False, ctrl: MPI.Comm | None = None) -> Measurement:
     """Measure one operation at one layout on `comm` (every member calls this). `ctrl` spans every group
@@ -127,34 +149,18 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
         ctrl.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
         return buf[:-1] * scale, float(buf[-1])
 
-    first, _ = batch(2)                              # warm-up; its length sizes the rest of warm-up
-    per_iter = max(float(first.max()), 1e-9)
-    extra = int(min(20, 0.05 * rule.budget_s / per_iter))
-    if extra > 0:
-        batch(extra)
-    chunks: list[np.ndarray] = []
-    have, elapsed = 0, 0.0
-    while True:
-        iters = rule.next_batch(have, per_iter, elapsed)
-        times, wall = batch(iters)
-        chunks.append(times)
-        have += iters
-        elapsed += wall
-        per_iter = wall / iters
-        est = estimate(np.concatenate(chunks))
-        if rule.done(est, elapsed):
-            break
+    samples, est = _sample(batch, rule)
     wrong += _count_wrong(op, backend, comm, lay, dtype, in_place)
     wrong = ctrl.allreduce(wrong, op=MPI.SUM)
-    samples = np.concatenate(chunks)
     return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong,
                        in_place=in_place)
 
 
-def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any) -> Measurement:
-    """Local n x n matrix-multiply rate on this rank (no communication), on standard-normal operands:
-    low-entropy data such as zeros or small integers runs faster on tensor cores than real data does.
-    Sampled entries are checked against a float64 product of the same (rounded) operands."""
+def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
+    """Local n x n matrix-multiply rate on this rank, on standard-normal operands: low-entropy data such as
+    zeros or small integers runs faster on tensor cores than real data does. Sampled entries are checked
+    against a float64 product of the same (rounded) operands. With `ctrl`, every rank of it multiplies at
+    once (as training does) and iteration times are the max over them, as for concurrent collectives."""
     n, xp, sync = lay.block, backend.xp, backend.sync
     rng = np.random.default_rng(0)
     a = xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
@@ -165,25 +171,25 @@ def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any) -> Measu
     cols = rng.integers(0, n, 16)
     a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (a, b, c))
     wrong = gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
-    chunks: list[np.ndarray] = []
-    have, elapsed, per_iter = 0, 0.0, 0.0
-    while True:
-        iters = rule.next_batch(have, per_iter, elapsed)
-        out = np.empty(iters)
+
+    def batch(iters: int) -> tuple[np.ndarray, float]:
+        out = np.empty(iters + 1)
+        start = time.perf_counter()
         for i in range(iters):
             t0 = time.perf_counter()
             xp.matmul(a, b, out=c)
             sync()
             out[i] = time.perf_counter() - t0
-        chunks.append(out)
-        have += iters
-        elapsed += float(out.sum())
-        per_iter = elapsed / have
-        est = estimate(np.concatenate(chunks))
-        if rule.done(est, elapsed):
-            break
-    return Measurement(np.concatenate(chunks), est, est.samples >= rule.min_samples and est.within(rule.target_ci),
-                       wrong, gemm_flops(n))
+        out[-1] = time.perf_counter() - start
+        if ctrl is not None:
+            ctrl.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
+        return out[:-1], float(out[-1])
+
+    samples, est = _sample(batch, rule)
+    if ctrl is not None:
+        wrong = ctrl.allreduce(wrong, op=MPI.SUM)
+    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong,
+                       gemm_flops(n))
 
 
 def _host(arr: Any) -> np.ndarray:

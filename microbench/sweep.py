@@ -49,15 +49,19 @@ class PlannedPoint:
 
 
 def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
-    """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm on rank 0."""
+    """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm on rank 0, or
+    on every rank at once when concurrent."""
     points = []
     for op in cfg.ops:
         if op.kind == "compute":
+            group = Group("intra", 1, 1, 1, (0,))
+            together = tiles("intra", 1, hosts) if cfg.concurrent else (group,)
+            per_node = groups_per_node(together, hosts)
             for dtype in cfg.gemm_dtypes:
                 for size in cfg.gemm_sizes or cfg.sizes:
                     lay = op.layout(size, 1, itemsize(dtype))
-                    group = Group("intra", 1, 1, 1, (0,))
-                    points.append(PlannedPoint(PointKey(cfg.backend, op.name, "intra", 1, size, dtype), op, group, lay))
+                    key = PointKey(cfg.backend, op.name, "intra", 1, size, dtype, len(together))
+                    points.append(PlannedPoint(key, op, group, lay, together, per_node))
             continue
         counts = (2,) if op.kind == "p2p" else cfg.procs
         for link in cfg.links:
@@ -168,7 +172,8 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
         comm, ctrl = comms[(pt.group.link, pt.group.procs, len(pt.groups))]
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
-                m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend)
+                together = ctrl if len(pt.groups) > 1 else None
+                m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend, together)
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place,

@@ -72,9 +72,10 @@ def p2p_table(data: dict) -> Table:
 
 def compute_table(data: dict) -> Table:
     rows = [(dtype, f"{v['flops_per_s'] / GB:.1f}", f"{v['peak_flops_per_s'] / GB:.1f}",
-             format_size(v["saturation_bytes"]), str(v["n_points"]))
+             format_size(v["saturation_bytes"]), f"{v.get('latency_s', 0.0) * 1e6:.3g}", str(v["n_points"]))
             for dtype, v in data["compute"]["gemm"].items()]
-    return Table("GEMM rate", ("dtype", "rate (GFLOP/s)", "peak (GFLOP/s)", "saturates at", "points"), tuple(rows))
+    return Table("GEMM rate", ("dtype", "rate (GFLOP/s)", "peak (GFLOP/s)", "saturates at", "latency (µs)", "points"),
+                 tuple(rows))
 
 
 def link_table(data: dict) -> Table:

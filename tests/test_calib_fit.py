@@ -82,6 +82,8 @@ def test_gemm_rate_and_saturation(fitted):
     g = fitted["compute"]["gemm"]["float64"]
     assert g["flops_per_s"] == pytest.approx(2e10, rel=0.05)
     assert 0 < g["saturation_bytes"] < 64 * 2 ** 20
+    assert g["latency_s"] == pytest.approx(5e-6, rel=0.2)       # the synthetic per-call cost
+    assert g["groups_per_node"] == 1
 
 
 def test_huber_resists_bad_points(tmp_path):

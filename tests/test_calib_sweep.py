@@ -48,6 +48,7 @@ def test_a_one_rank_sweep_fits_hockney_rows_but_no_collective_model(tmp_path):
     cal = load_calibration(cal_path)
     assert not cal.has("allreduce", "intra") and not cal.has("bcast", "intra")
     rows = [r for r in cal.data["hockney"] if r["op"] == "allreduce"]
-    assert rows and {r["procs"] for r in rows} == {1} and all(r["alpha_s"] > 0 for r in rows)
+    assert rows and {r["procs"] for r in rows} == {1}
+    assert min(rows, key=lambda r: r["min_bytes"])["alpha_s"] > 0      # small sizes: latency, a copy at most
     table = run_cli(["table", str(cal_path)])
     assert table.returncode == 0, table.stderr

@@ -238,3 +238,22 @@ def test_concurrent_groups_of_an_axis_share_each_node_link(pricer22):
         pytest.approx(shared.predict_seconds("allreduce", "inter", 2, n)[0])
     assert Pricer(shared, alone.mesh).seconds("allreduce", 0, n)[0] == \
         pytest.approx(shared.predict_seconds("allreduce", "inter", 2, [1 << 19])[0])
+
+
+def test_each_local_computation_pays_the_calibrated_gemm_latency(pricer22):
+    """compute = calls x latency + flops / rate; a calibration without latency_s (version < 3) costs flops only."""
+    from analysis.pricing import Pricer
+    from calib.calibration import calibration_from_dict
+
+    layer = Linear("fc", m=64, k=64, n=64, itemsize=4)
+    sched = layer.schedule(layer.strategies(pricer22.mesh)[0], pricer22.mesh)
+    computes = [st for st in sched.steps if hasattr(st, "flops")]
+    assert len(computes) == 3                         # Y = X W, dX = dY W^T, dW = X^T dY
+    _, flops_only = pricer22.price([sched.steps])
+    data = json.loads(json.dumps(pricer22.cal.data))
+    data["compute"]["gemm"]["float32"]["latency_s"] = 20e-6
+    slow = Pricer(calibration_from_dict(data), pricer22.mesh)
+    _, with_latency = slow.price([sched.steps])
+    assert with_latency[0] == pytest.approx(flops_only[0] + 3 * 20e-6)
+    assert slow.breakdown(sched.steps)["compute"] == pytest.approx(with_latency[0])
+    assert flops_only[0] == pytest.approx(sum(st.flops for st in computes) / pricer22.flops_per_s)

@@ -123,18 +123,24 @@ def test_points_missing_the_ci_target_are_measured_again_and_the_tightest_attemp
 
 
 def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
-    """4 ranks on one host: intra pairs (0,1) and (2,3) run at once; the fit records it for the pricer."""
+    """4 ranks on one host: intra pairs (0,1) and (2,3) run at once, and all 4 multiply at once; the fit
+    records both for the pricer."""
     out = tmp_path / "run"
-    args = ["--ops", "allreduce,pingpong", "--links", "intra", "--procs", "2", "--sizes", "8,1K,64K,1M", *FAST]
+    args = ["--ops", "allreduce,pingpong,gemm", "--links", "intra", "--procs", "2", "--sizes", "8,1K,64K,1M",
+            "--gemm-sizes", "64K,256K", *FAST]
     run_mpi(4, ["sweep", "--out", str(out), "--concurrent", *args], check=True)
     summary = load_summary(out)
-    assert len(summary) == 8 and (summary.wrong == 0).all()
-    assert (summary.groups == 2).all() and (summary.groups_per_node == 2).all()
-    assert summary.point_id.str.endswith("-x2").all()
+    comm, gemm = summary[summary.op != "gemm"], summary[summary.op == "gemm"]
+    assert len(comm) == 8 and len(gemm) == 4 and (summary.wrong == 0).all()
+    assert (comm.groups == 2).all() and (comm.groups_per_node == 2).all()
+    assert (gemm.groups == 4).all() and (gemm.groups_per_node == 4).all()
+    assert comm.point_id.str.endswith("-x2").all() and gemm.point_id.str.endswith("-x4").all()
     assert read_run_json(out)["options"]["concurrent"] is True
     cal = tmp_path / "cal.json"
     run_cli(["fit", str(out), "--out", str(cal)], check=True)
-    assert json.loads(cal.read_text())["link_classes"]["intra"]["groups_per_node"] == 2
+    data = json.loads(cal.read_text())
+    assert data["link_classes"]["intra"]["groups_per_node"] == 2
+    assert data["compute"]["gemm"]["float32"]["groups_per_node"] == 4
     # one-group points of the same shape do not fit together with concurrent ones
     single = tmp_path / "single"
     run_mpi(2, ["sweep", "--out", str(single), *args], check=True)
