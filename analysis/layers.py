@@ -57,6 +57,11 @@ class Compute:
 
     is_comm: ClassVar[bool] = False
 
+    @property
+    def elements(self) -> int:
+        """Elements read and written, each operand and the output once: the memory traffic's lower bound."""
+        return sum(math.prod(s) for s in self.operand_shapes) + math.prod(self.out_shape)
+
 
 @dataclass(frozen=True)
 class Sigs:

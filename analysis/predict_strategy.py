@@ -33,13 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _row(st, pricer: Pricer) -> dict:
     if isinstance(st, Compute):
         return {"kind": "compute", "expr": st.expr, "operand_shapes": st.operand_shapes,
-                "out_shape": st.out_shape, "flops": st.flops, "seconds": float(pricer.compute_seconds(st.flops))}
-    secs = float(pricer.seconds(st.op, st.axis, [st.size_bytes])[0]) if st.is_comm else 0.0
+                "out_shape": st.out_shape, "flops": st.flops, "seconds": pricer.step_seconds(st)}
     return {"kind": "comm" if st.is_comm else "local", "op": st.op, "axis": st.axis, "link": st.link,
             "priced_link": pricer.link(st.op, st.axis) if st.is_comm else None, "src": list(map(str, st.src)),
             "dst": list(map(str, st.dst)), "gather_dim": st.gather_dim, "scatter_dim": st.scatter_dim,
             "group_size": st.group_size, "in_shape": st.in_shape, "out_shape": st.out_shape,
-            "bytes_per_rank": st.bytes_per_rank, "size_bytes": st.size_bytes, "seconds": secs}
+            "bytes_per_rank": st.bytes_per_rank, "size_bytes": st.size_bytes, "local_copies": list(st.copies),
+            "seconds": pricer.step_seconds(st)}
 
 
 def run_strategy(args: argparse.Namespace, calibration) -> int:

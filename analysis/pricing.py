@@ -1,7 +1,11 @@
 """Prices plan steps and local computations from a calibration (anything with calib.calibration's
 predict_seconds, gemm_flops_per_s, gemm_latency_s and groups_per_node). A collective on a mesh axis is
 priced by the calibration entry of the axis's link class at the axis's group size, with the nccl-tests
-size of the step; a local computation costs the GEMM latency plus its flops at the GEMM rate.
+size of the step; a local computation costs the GEMM latency plus the longer of its flops at the GEMM rate
+and its memory traffic at the local copy rate (a roofline); each local layout copy that a step makes (a
+split off the outer dimension, say) costs the copy latency plus its bytes read and written at that rate,
+in the step's own time (communication or compute, as the harness measures it). Calibrations without a
+copy rate (before version 3) price no traffic and no copies.
 Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra;
 spread -> inter -> intra (the link actually used is what breakdowns report); an op it lacks on every link
 costs infinity.
@@ -15,11 +19,13 @@ bandwidth term s times, so the calibration is asked at s times the size."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
 
 from analysis.mesh import Mesh
+from microbench.ops import itemsize
 
 FALLBACK = {"intra": ("intra", "spread", "inter"), "inter": ("inter", "spread", "intra"),
             "spread": ("spread", "inter", "intra")}
@@ -31,6 +37,9 @@ class Pricer:
         self.mesh = mesh
         self.flops_per_s = calibration.gemm_flops_per_s(dtype)
         self.compute_latency_s = calibration.gemm_latency_s(dtype)
+        self.itemsize = itemsize(dtype)
+        copy = calibration.copy_cost()
+        self.copy_latency_s, self.copy_bytes_per_s = copy if copy else (0.0, math.inf)
         self.nics_per_node = nics_per_node
         self._link: dict[tuple[str, int], str | None] = {}
 
@@ -57,35 +66,48 @@ class Pricer:
             return np.full(size_bytes.shape, np.inf)
         return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes * self.sharing(link, axis))
 
-    def compute_seconds(self, flops):
-        """A local computation: the calibration's per-call latency plus its flops at the GEMM rate."""
-        return self.compute_latency_s + np.asarray(flops, dtype=float) / self.flops_per_s
+    def compute_seconds(self, flops: float, elements: float = 0.0) -> float:
+        """A local computation: the GEMM latency plus the longer of flops at the GEMM rate and the traffic of
+        `elements` at the copy rate."""
+        return self.compute_latency_s + max(flops / self.flops_per_s, elements * self.itemsize / self.copy_bytes_per_s)
+
+    def copies_seconds(self, step) -> float:
+        """The local layout copies a redistribution step makes: latency plus bytes read and written each."""
+        return sum(self.copy_latency_s + 2.0 * n * self.itemsize / self.copy_bytes_per_s for n in step.copies)
+
+    def step_seconds(self, step) -> float:
+        """One schedule entry's predicted seconds, as price() counts it."""
+        if hasattr(step, "flops"):
+            return self.compute_seconds(step.flops, step.elements)
+        comm = float(self.seconds(step.op, step.axis, [step.size_bytes])[0]) if step.is_comm else 0.0
+        return comm + self.copies_seconds(step)
 
     def price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
         """(communication seconds, compute seconds) of each list of steps, priced in one vectorised pass
-        per (op, axis)."""
+        per (op, axis); a step's layout copies count where the harness measures them."""
         groups: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
-        flops, calls = np.zeros(len(step_lists)), np.zeros(len(step_lists))
+        comm, compute = np.zeros(len(step_lists)), np.zeros(len(step_lists))
         for i, steps in enumerate(step_lists):
             for st in steps:
                 if hasattr(st, "flops"):
-                    flops[i] += st.flops
-                    calls[i] += 1
-                elif st.is_comm:
+                    compute[i] += self.compute_seconds(st.flops, st.elements)
+                    continue
+                if st.is_comm:
                     idx, size = groups[(st.op, st.axis)]
                     idx.append(i)
                     size.append(st.size_bytes)
-        comm = np.zeros(len(step_lists))
+                if st.copies:
+                    (comm if st.is_comm else compute)[i] += self.copies_seconds(st)
         for (op, axis), (idx, size) in groups.items():
             comm += np.bincount(idx, weights=self.seconds(op, axis, size), minlength=len(step_lists))
-        return comm, calls * self.compute_latency_s + flops / self.flops_per_s
+        return comm, compute
 
     def breakdown(self, steps) -> dict[str, float]:
         """Seconds per "collective/link" (the link that priced it), plus "compute"."""
         out: dict[str, float] = defaultdict(float)
         for st in steps:
-            if hasattr(st, "flops"):
-                out["compute"] += float(self.compute_seconds(st.flops))
-            elif st.is_comm:
-                out[f"{st.op}/{self.link(st.op, st.axis)}"] += float(self.seconds(st.op, st.axis, [st.size_bytes])[0])
+            if hasattr(st, "flops") or not st.is_comm:
+                out["compute"] += self.step_seconds(st)
+            else:
+                out[f"{st.op}/{self.link(st.op, st.axis)}"] += self.step_seconds(st)
         return dict(out)

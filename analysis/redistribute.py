@@ -32,7 +32,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from analysis.mesh import Mesh
 from analysis.sbp import B, P, Signature, Split, fmt, indivisible, local_shape, splitters
@@ -59,6 +59,17 @@ class Step:
     @property
     def is_comm(self) -> bool:
         return self.op in COLLECTIVES
+
+    @cached_property
+    def copies(self) -> tuple[int, ...]:
+        """Elements of each local layout copy that executing the step makes (analysis.harness_exec): blocks cut
+        or joined along a dim other than the outermost, a slice of an inner dim, a partial's zero-filled output."""
+        outer = lambda dim: dim in (None, 0)  # noqa: E731
+        n_in, n_out = math.prod(self.in_shape), math.prod(self.out_shape)
+        cut = self.op in ("reduce_scatter", "alltoall") and not outer(self.scatter_dim)
+        join = self.op in ("allgather", "alltoall") and not outer(self.gather_dim)
+        local = (self.op == "slice" and not outer(self.scatter_dim)) or (self.op == "partial" and self.gather_dim is not None)
+        return (n_in,) * cut + (n_out,) * (join or local)
 
     def describe(self) -> str:
         what = f"{self.op} on axis {self.axis} ({self.link}, {self.group_size} ranks)"

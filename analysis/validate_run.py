@@ -82,11 +82,11 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
         e = it.entry
         if isinstance(e, Compute):
             out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
-                        "link": "", "size_bytes": 0, "predicted_s": float(pricer.compute_seconds(e.flops)), "measured_s": meas})
+                        "link": "", "size_bytes": 0, "predicted_s": pricer.step_seconds(e), "measured_s": meas})
             continue
-        pred = float(pricer.seconds(e.op, e.axis, [e.size_bytes])[0]) if e.is_comm else 0.0
         out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,
-                    "link": e.link, "size_bytes": e.size_bytes, "predicted_s": pred, "measured_s": meas})
+                    "link": e.link, "size_bytes": e.size_bytes, "predicted_s": pricer.step_seconds(e),
+                    "measured_s": meas})
     return out
 
 

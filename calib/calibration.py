@@ -209,6 +209,12 @@ class Calibration:
                              f"(has: {', '.join(rates) or 'none'})")
         return float(rates[dtype]["flops_per_s"])
 
+    def copy_cost(self) -> tuple[float, float] | None:
+        """(latency_s, bytes_per_s) of a local copy, bytes read and written; None before version 3 or
+        where the sweep measured no copy."""
+        c = self.data["compute"].get("copy")
+        return None if c is None else (float(c["latency_s"]), float(c["bytes_per_s"]))
+
     def gemm_latency_s(self, dtype: str) -> float:
         """Per-call overhead of a local product (0 in calibrations before version 3)."""
         self.gemm_flops_per_s(dtype)

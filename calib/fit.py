@@ -16,6 +16,7 @@ from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.segments import Points, fit_piecewise
 from calib.synthetic import LINK_MEANING
+from microbench.ops import LOCAL_OPS
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,24 @@ def gemm_rates(df: pd.DataFrame) -> dict:
     return out
 
 
+def copy_rate(df: pd.DataFrame) -> dict:
+    """{"copy": ...} from copy points (empty without any): t = latency + moved bytes / rate, moved bytes being
+    read + written (twice the operand), fitted by least squares in relative error; latency at least 0."""
+    if df.empty:
+        return {}
+    seconds = df["seconds"].to_numpy(dtype=float)
+    moved = 2.0 * df["size_bytes"].to_numpy(dtype=float)
+    design = np.column_stack([np.ones_like(moved), moved]) / seconds[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
+    if per_byte <= 0:              # too few or too noisy sizes: the largest size's plain rate
+        latency, per_byte = 0.0, float(np.min(seconds[moved == moved.max()]) / moved.max())
+    return {"copy": {"bytes_per_s": 1.0 / float(per_byte), "latency_s": max(float(latency), 0.0),
+                     "n_points": int(len(seconds)), "groups_per_node": int(df["groups_per_node"].max())}}
+
+
 def _link_classes(points: pd.DataFrame) -> dict:
     out = {}
-    for link, sub in points[points["op"] != "gemm"].groupby("link"):
+    for link, sub in points[~points["op"].isin(LOCAL_OPS)].groupby("link"):
         shapes = sub[["procs", "nodes", "ranks_per_node"]].drop_duplicates().sort_values("procs")
         out[str(link)] = {"meaning": LINK_MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
                           "ranks_per_node": int(shapes["ranks_per_node"].max()),
@@ -146,7 +162,7 @@ def _version() -> str:
 def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
     """The whole calibration dict (validated by the caller against the schema)."""
     pts = runs.points
-    comm = pts[pts["op"] != "gemm"]
+    comm = pts[~pts["op"].isin(LOCAL_OPS)]
     models, hockney, warnings = {}, [], list(runs.dropped)
     for (op, link), df in comm.groupby(["op", "link"], sort=True):
         # one rank communicates with nobody: the algorithm shapes are 0 there, so only p > 1 fits a model
@@ -177,6 +193,6 @@ def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
         "models": models,
         "hockney": hockney,
         "p2p": p2p,
-        "compute": {"gemm": gemm_rates(pts[pts["op"] == "gemm"])},
+        "compute": {"gemm": gemm_rates(pts[pts["op"] == "gemm"]), **copy_rate(pts[pts["op"] == "copy"])},
         "warnings": warnings,
     }

@@ -11,6 +11,7 @@ import pandas as pd
 
 from microbench import records
 from microbench.errors import UsageError
+from microbench.ops import LOCAL_OPS
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
          "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
@@ -98,16 +99,16 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
     points = points[points["backend"] == chosen]
     if points.empty:
         raise UsageError(f"no points for backend {chosen!r} (runs hold {', '.join(backends)})")
-    comm = points[points["op"] != "gemm"]
+    comm = points[~points["op"].isin(LOCAL_OPS)]
     mixed = comm.groupby(["link", "procs"])["groups"].nunique()
     if (mixed > 1).any():
         link, procs = mixed[mixed > 1].index[0]
         raise UsageError(f"runs mix concurrent and one-group measurements of {link} at {procs} ranks; fit them "
                          f"separately")
-    mixed = points[points["op"] == "gemm"].groupby("dtype")["groups"].nunique()
+    mixed = points[points["op"].isin(LOCAL_OPS)].groupby(["op", "dtype"])["groups"].nunique()
     if (mixed > 1).any():
-        raise UsageError(f"runs mix concurrent and one-rank gemm measurements of {mixed[mixed > 1].index[0]}; fit them "
-                         f"separately")
+        op, dtype = mixed[mixed > 1].index[0]
+        raise UsageError(f"runs mix concurrent and one-rank {op} measurements of {dtype}; fit them separately")
     for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes", "groups", "groups_per_node"):
         points[col] = points[col].astype("int64")
     return RunSet(points.reset_index(drop=True), tuple(runs), tuple(dropped))

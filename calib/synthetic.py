@@ -140,7 +140,7 @@ def _summary_row(run_id: str, backend: str, op: str, link: str, procs: int, requ
     nodes, rpn = link_shape(link, procs)
     key = records.PointKey(backend, op, link, procs, requested, dtype)
     med = float(np.median(times))
-    flops = gemm_flops(lay.block) if spec.kind == "compute" else 0.0
+    flops = gemm_flops(lay.block) if op == "gemm" else 0.0
     lo, hi = np.quantile(times, [0.25, 0.75])
     return records.PointSummary(
         run_id=run_id, point_id=key.point_id, backend=backend, op=op, link=link, nodes=nodes, ranks_per_node=rpn,
@@ -154,11 +154,13 @@ def _summary_row(run_id: str, backend: str, op: str, link: str, procs: int, requ
 
 def write_synthetic_run(out_dir, models: dict, procs: dict[str, list[int]], sizes=DEFAULT_SIZES,
                         samples: int = 15, noise: float = 0.01, outlier_fraction: float = 0.0,
-                        bad_points: int = 0, gemm: dict[str, float] | None = None, seed: int = 0,
+                        bad_points: int = 0, gemm: dict[str, float] | None = None,
+                        copy: tuple[float, float] | None = None, seed: int = 0,
                         run_id: str = "synthetic-run", backend: str = "mpi", consolidate: bool = True,
                         write_points: bool = True) -> Path:
     """Write a run directory sampled from known models. models: {(op, link): TrueModel or (alpha, beta)};
-    procs: {link: [p, ...]}; gemm: {dtype: peak FLOP/s} (time = 2 n^3 / peak + 5 us). Each sample is the
+    procs: {link: [p, ...]}; gemm: {dtype: peak FLOP/s} (time = 2 n^3 / peak + 5 us); copy: (latency s,
+    bytes read + written per s) of the local copy, float32. Each sample is the
     truth times lognormal(noise); outlier_fraction of samples are slowed 1.5-5x; bad_points whole points
     are slowed 1.5-3x. consolidate=False leaves only points/, like a run that was killed."""
     out = Path(out_dir)
@@ -174,6 +176,10 @@ def write_synthetic_run(out_dir, models: dict, procs: dict[str, list[int]], size
         for n in sizes:
             lay = OPS["gemm"].layout(n, 1, itemsize(dtype))
             plan.append(("gemm", "intra", 1, n, dtype, gemm_flops(lay.block) / peak + 5e-6))
+    if copy is not None:
+        for n in sizes:
+            moved = 2 * OPS["copy"].layout(n, 1, itemsize(COMM_DTYPE)).size_bytes
+            plan.append(("copy", "intra", 1, n, COMM_DTYPE, copy[0] + moved / copy[1]))
     slow = set(rng.choice(len(plan), size=min(bad_points, len(plan)), replace=False).tolist()) if bad_points else set()
     rows, frames = [], []
     for i, (op, link, p, n, dtype, truth) in enumerate(plan):

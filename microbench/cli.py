@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 from microbench.errors import UsageError
 
@@ -24,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 RANK_SUBCOMMANDS = {"sweep", "validate"}
+FAIL_GRACE_S = 3.0
 """Run by every rank of an MPI job: each rank gets one BLAS thread (unless the user chose), so the GEMM
 rate the sweep measures is the rate each rank has when all ranks compute at once, as in validate."""
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -46,8 +48,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str) -> int:
+    """Rank 0 prints the one line; the other ranks (which hit the same error) wait before exiting, since a
+    launcher ends the whole job at the first non-zero exit and rank 0 may not have printed yet."""
     if launcher_rank() == 0:
         print(f"commcal: error: {message}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(FAIL_GRACE_S)
     return 2
 
 

@@ -156,28 +156,16 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
                        in_place=in_place)
 
 
-def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
-    """Local n x n matrix-multiply rate on this rank, on standard-normal operands: low-entropy data such as
-    zeros or small integers runs faster on tensor cores than real data does. Sampled entries are checked
-    against a float64 product of the same (rounded) operands. With `ctrl`, every rank of it multiplies at
-    once (as training does) and iteration times are the max over them, as for concurrent collectives."""
-    n, xp, sync = lay.block, backend.xp, backend.sync
-    rng = np.random.default_rng(0)
-    a = xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
-    b = xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
-    c = a @ b
-    sync()
-    rows = rng.integers(0, n, 16)
-    cols = rng.integers(0, n, 16)
-    a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (a, b, c))
-    wrong = gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
-
+def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: StopRule,
+                   ctrl: MPI.Comm | None) -> tuple[np.ndarray, Estimate]:
+    """Time `run` (one local operation) until the rule says done. With `ctrl`, every rank of it runs at once
+    (as training does) and iteration times are the max over them, as for concurrent collectives."""
     def batch(iters: int) -> tuple[np.ndarray, float]:
         out = np.empty(iters + 1)
         start = time.perf_counter()
         for i in range(iters):
             t0 = time.perf_counter()
-            xp.matmul(a, b, out=c)
+            run()
             sync()
             out[i] = time.perf_counter() - t0
         out[-1] = time.perf_counter() - start
@@ -185,11 +173,51 @@ def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MP
             ctrl.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
         return out[:-1], float(out[-1])
 
-    samples, est = _sample(batch, rule)
+    return _sample(batch, rule)
+
+
+def _operand(xp: Any, n: int, dtype: str, rng: np.random.Generator):
+    return xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
+
+
+def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
+    """Local n x n matrix-multiply rate on this rank, on standard-normal operands: low-entropy data such as
+    zeros or small integers runs faster on tensor cores than real data does. Sampled entries are checked
+    against a float64 product of the same (rounded) operands."""
+    n, xp = lay.block, backend.xp
+    rng = np.random.default_rng(0)
+    a, b = _operand(xp, n, dtype, rng), _operand(xp, n, dtype, rng)
+    c = a @ b
+    backend.sync()
+    rows = rng.integers(0, n, 16)
+    cols = rng.integers(0, n, 16)
+    a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (a, b, c))
+    wrong = gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
+    samples, est = _measure_local(lambda: xp.matmul(a, b, out=c), backend.sync, rule, ctrl)
     if ctrl is not None:
         wrong = ctrl.allreduce(wrong, op=MPI.SUM)
     return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong,
                        gemm_flops(n))
+
+
+def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
+    """Local copy bandwidth: an n x n operand into a fresh array of its two column halves, the copy that the
+    validation harness makes around a collective whose split is not the outer dimension."""
+    n, xp = lay.block, backend.xp
+    src = _operand(xp, n, dtype, np.random.default_rng(0))
+
+    def halves():
+        return xp.ascontiguousarray(xp.moveaxis(src.reshape(n, 2, n // 2), 1, 0))
+
+    got, want = _host(halves()), _host(src)
+    wrong = int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
+    samples, est = _measure_local(halves, backend.sync, rule, ctrl)
+    if ctrl is not None:
+        wrong = ctrl.allreduce(wrong, op=MPI.SUM)
+    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong)
+
+
+MEASURE_LOCAL = {"gemm": measure_gemm, "copy": measure_copy}
 
 
 def _host(arr: Any) -> np.ndarray:

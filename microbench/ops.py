@@ -63,11 +63,12 @@ class Op:
     in_place: Callable[..., tuple] | None = None  # (send, recv, rank, block) -> in-place (send, recv) views
 
     def layout(self, requested_bytes: int, procs: int, itemsize: int) -> Layout:
-        """Round the element count so every rank's block is whole (at least one element per block); a gemm
-        side of 64 or more rounds down to a multiple of 64, as model dimensions are (odd sides are slow)."""
+        """Round the element count so every rank's block is whole (at least one element per block); a local
+        operand's side of 64 or more rounds down to a multiple of 64, as model dimensions are (odd sides are
+        slow), and a smaller one to an even number (the copy halves it)."""
         if self.kind == "compute":
-            n = max(1, math.isqrt(max(1, requested_bytes // itemsize)))
-            n = n - n % 64 if n >= 64 else n
+            n = math.isqrt(max(1, requested_bytes // itemsize))
+            n = n - n % 64 if n >= 64 else max(2, n - n % 2)
             return Layout(requested_bytes, n * n * itemsize, n * n, n * n, n, itemsize)
         elements = max(1, requested_bytes // itemsize)
         if not (self.send_blocks or self.recv_blocks):
@@ -156,7 +157,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("sendrecv", "p2p", "message in each direction, both ranks at once", _one, call=_sendrecv,
        expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=7),
     Op("gemm", "compute", "one square operand (n x n); rate = 2 n^3 / time", _one),
+    Op("copy", "compute", "one square operand (n x n) copied into its two column halves, the layout change around "
+       "a collective; busbw = bytes read + written / time", lambda p: 2.0),
 )}
+
+LOCAL_OPS = tuple(name for name, op in OPS.items() if op.kind == "compute")
+"""Operations on one rank's memory (no link class): the calibration's compute section, not its models."""
 
 COMM_DTYPE = "float32"
 GEMM_DTYPES = ("float32", "float64")

@@ -49,15 +49,15 @@ class PlannedPoint:
 
 
 def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
-    """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm on rank 0, or
-    on every rank at once when concurrent."""
+    """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm and copy on
+    rank 0, or on every rank at once when concurrent."""
     points = []
     for op in cfg.ops:
         if op.kind == "compute":
             group = Group("intra", 1, 1, 1, (0,))
             together = tiles("intra", 1, hosts) if cfg.concurrent else (group,)
             per_node = groups_per_node(together, hosts)
-            for dtype in cfg.gemm_dtypes:
+            for dtype in (cfg.gemm_dtypes if op.name == "gemm" else (COMM_DTYPE,)):
                 for size in cfg.gemm_sizes or cfg.sizes:
                     lay = op.layout(size, 1, itemsize(dtype))
                     key = PointKey(cfg.backend, op.name, "intra", 1, size, dtype, len(together))
@@ -173,7 +173,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
                 together = ctrl if len(pt.groups) > 1 else None
-                m = driver.measure_gemm(pt.layout, pt.key.dtype, cfg.rule, backend, together)
+                m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, cfg.rule, backend, together)
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place,

@@ -20,9 +20,9 @@ PAGE_POLICIES = ("hugepage", "nohugepage", "numpy-default")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run directory (created; see --resume)")
     p.add_argument("--ops", help="comma-separated subset of: allreduce, allgather, reduce_scatter, alltoall, "
-                                 "bcast, reduce, pingpong, sendrecv, gemm (default: all)")
+                                 "bcast, reduce, pingpong, sendrecv, gemm, copy (default: all)")
     p.add_argument("--sizes", help="LOW:HIGH (powers of two, K/M/G suffixes) or a list 8,1K,3M (default 8:64M)")
-    p.add_argument("--gemm-sizes", help="operand sizes for gemm (default: 64K,1M,16M)")
+    p.add_argument("--gemm-sizes", help="operand sizes for gemm and copy (default: 64K,1M,16M)")
     p.add_argument("--procs", help="process counts, e.g. 2,4,8 (default: powers of two up to the world, and the world)")
     p.add_argument("--links", help="link classes to measure: intra, inter, spread (default: all the job can form)")
     p.add_argument("--target-ci", type=float, help="stop when the median's 95%% CI is within +-this (default 0.02)")

@@ -49,11 +49,12 @@ def relative_error(cal, op: str, link: str, procs: int, rows: pd.DataFrame) -> p
 
 
 def _rate(key: dict, sizes, seconds) -> np.ndarray:
-    """Bus bandwidth in GB/s for communication; GFLOP/s for gemm, whose size is one n x n operand. NaN where
-    the time is not positive (a prediction interval's lower end can reach zero: no finite rate bounds it)."""
+    """Bus bandwidth in GB/s for communication (bytes moved for copy); GFLOP/s for gemm, whose size is one
+    n x n operand. NaN where the time is not positive (a prediction interval's lower end can reach zero: no
+    finite rate bounds it)."""
     sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
     seconds = np.where(seconds > 0, seconds, np.nan)
-    if OPS[key["op"]].kind == "compute":
+    if key["op"] == "gemm":
         n = np.sqrt(sizes / itemsize(key["dtype"]))
         return gemm_flops(n) / seconds / GB
     return sizes * OPS[key["op"]].bus_factor(key["procs"]) / seconds / GB
@@ -94,7 +95,7 @@ def measured_figure(runs: RunSet, op: str, link: str, cal=None):
     modelled = cal is not None and cal.has(op, link)
     fig, axes = new_figure(15 if modelled else 10.5, 4.4, ncols=3 if modelled else 2)
     ax_t, ax_b = axes[0], axes[1]
-    compute = OPS[op].kind == "compute"
+    compute, flops = OPS[op].kind == "compute", op == "gemm"
     for i, (key, rows) in enumerate(curves):
         color = COLORS[i % len(COLORS)]
         label = curve_label(key, varying)
@@ -120,9 +121,9 @@ def measured_figure(runs: RunSet, op: str, link: str, cal=None):
     ax_t.set_ylabel(LATENCY_LABEL)
     ax_t.set_title("Latency")
     log_values(ax_b.yaxis)
-    ax_b.set_ylabel(GFLOPS_LABEL if compute else BUSBW_LABEL)
-    ax_b.set_title("Compute rate" if compute else "Bus bandwidth")
-    rates = cal.data["compute"]["gemm"] if cal is not None and compute else {}
+    ax_b.set_ylabel(GFLOPS_LABEL if flops else BUSBW_LABEL)
+    ax_b.set_title("Compute rate" if flops else "Bus bandwidth")
+    rates = cal.data["compute"]["gemm"] if cal is not None and flops else {}
     for i, (key, _) in enumerate(curves):
         if key["dtype"] in rates:
             ax_b.axhline(rates[key["dtype"]]["flops_per_s"] / GB, color=COLORS[i % len(COLORS)], linewidth=1.4,

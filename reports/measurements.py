@@ -20,7 +20,7 @@ def overview(runs: RunSet) -> Table:
     for op, link in runs.op_links():
         for key, part in runs.curves(op, link):
             best = part["median_s"].min() * US
-            if OPS[op].kind == "compute":
+            if op == "gemm":
                 n = np.sqrt(part["size_bytes"] / itemsize(key["dtype"]))
                 rate = f"{(gemm_flops(n) / part['median_s']).max() / GB:.1f} GFLOP/s"
             else:
@@ -48,15 +48,17 @@ def section(runs: RunSet | None, cal, root: Path) -> Section:
     for op, link in runs.op_links():
         fig = measured_figure(runs, op, link, cal)
         modelled = cal is not None and cal.has(op, link)
-        rate = "compute rate" if OPS[op].kind == "compute" else "bus bandwidth"
+        rate = "compute rate" if op == "gemm" else "bus bandwidth"
         if modelled:
             caption = (f"Latency (left) and {rate} (middle) against size, with the fitted model (band: its 95% "
                        "prediction interval; dashed: extrapolated; shaded: the size range each model segment was "
                        "fitted on), and the model's relative error at each measured size (right).")
         else:
             caption = f"Latency (left) and {rate} (right) against size."
-        if cal is not None and OPS[op].kind == "compute":
+        if cal is not None and op == "gemm":
             caption += " Dotted: the calibration's GEMM rate."
+        elif OPS[op].kind == "compute":
+            caption += " A local operation: the calibration holds its rate in the compute section, not a model."
         elif cal is not None and not modelled:
             caption += " The calibration has no model for this operation and link."
         blocks.append(save_figure(fig, root, f"measured-{op}-{link}", f"{op} over {link} links", caption))

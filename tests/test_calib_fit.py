@@ -30,7 +30,8 @@ PROCS = {"inter": [2, 4, 8], "intra": [2, 4, 8]}
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     run = write_synthetic_run(tmp_path_factory.mktemp("syn") / "run", {**TRUTH, ("pingpong", "inter"): PINGPONG},
-                              PROCS, samples=15, noise=0.03, outlier_fraction=0.05, gemm={"float64": 2e10}, seed=3)
+                              PROCS, samples=15, noise=0.03, outlier_fraction=0.05, gemm={"float64": 2e10},
+                              copy=(3e-6, 8e9), seed=3)
     cal = fit_calibration(load_runs([str(run)]))
     calibration_from_dict(cal)
     return cal
@@ -84,6 +85,9 @@ def test_gemm_rate_and_saturation(fitted):
     assert 0 < g["saturation_bytes"] < 64 * 2 ** 20
     assert g["latency_s"] == pytest.approx(5e-6, rel=0.2)       # the synthetic per-call cost
     assert g["groups_per_node"] == 1
+    c = fitted["compute"]["copy"]
+    assert c["bytes_per_s"] == pytest.approx(8e9, rel=0.05) and c["latency_s"] == pytest.approx(3e-6, rel=0.2)
+    assert "copy" not in fitted["models"] and not any(r["op"] == "copy" for r in fitted["hockney"])
 
 
 def test_huber_resists_bad_points(tmp_path):

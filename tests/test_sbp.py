@@ -257,3 +257,34 @@ def test_each_local_computation_pays_the_calibrated_gemm_latency(pricer22):
     assert with_latency[0] == pytest.approx(flops_only[0] + 3 * 20e-6)
     assert slow.breakdown(sched.steps)["compute"] == pytest.approx(with_latency[0])
     assert flops_only[0] == pytest.approx(sum(st.flops for st in computes) / pricer22.flops_per_s)
+
+
+def test_layout_copies_are_the_ones_the_harness_makes_and_are_priced_where_it_measures_them(pricer22):
+    """Blocks cut or joined along an inner dim cost a copy (harness_exec's _split/_join); the outer dim is a
+    view. With a copy rate in the calibration the copy is priced in the step's own time."""
+    from analysis.pricing import Pricer
+    from calib.calibration import calibration_from_dict
+
+    mesh = pricer22.mesh
+    inner = plan((64, 64), ISZ, parse_signature("[S(1), B]"), parse_signature("[B, B]"), mesh).steps
+    outer = plan((64, 64), ISZ, parse_signature("[S(0), B]"), parse_signature("[B, B]"), mesh).steps
+    assert [s.op for s in inner] == ["allgather"] and inner[0].copies == (64 * 64,)
+    assert [s.op for s in outer] == ["allgather"] and outer[0].copies == ()
+    rs = plan((64, 64), ISZ, parse_signature("[P, B]"), parse_signature("[S(1), B]"), mesh).steps
+    assert [s.op for s in rs] == ["reduce_scatter"] and rs[0].copies == (64 * 64,)
+    local = plan((64, 64), ISZ, parse_signature("[B, B]"), parse_signature("[B, S(1)]"), mesh).steps
+    assert [s.op for s in local] == ["slice"] and local[0].copies == (64 * 32,)
+    assert pricer22.step_seconds(inner[0]) == pytest.approx(pricer22.step_seconds(outer[0]))   # no copy rate
+    data = json.loads(json.dumps(pricer22.cal.data))
+    data["compute"]["copy"] = {"bytes_per_s": 1e9, "latency_s": 2e-6, "n_points": 3, "groups_per_node": 1}
+    copying = Pricer(calibration_from_dict(data), mesh)
+    copy_s = 2e-6 + 2 * 64 * 64 * ISZ / 1e9
+    assert copying.step_seconds(inner[0]) == pytest.approx(copying.step_seconds(outer[0]) + copy_s)
+    comm_s, compute_s = copying.price([inner, local])
+    assert comm_s[0] == pytest.approx(copying.step_seconds(inner[0])) and compute_s[0] == 0
+    assert comm_s[1] == 0 and compute_s[1] == pytest.approx(2e-6 + 2 * 64 * 32 * ISZ / 1e9)
+    act = Elementwise("act", ISZ, 64, 64)
+    fwd = act.schedule(act.strategies(mesh)[0], mesh).forward
+    computes = [c for c in fwd if hasattr(c, "flops")]
+    assert computes[0].flops == 0 and computes[0].elements > 0
+    assert copying.step_seconds(computes[0]) == pytest.approx(computes[0].elements * ISZ / 1e9)

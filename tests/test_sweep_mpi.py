@@ -31,14 +31,14 @@ def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
     expected = {(op, "intra", p, s) for op in OPS if OPS[op].kind == "collective" for p in procs
                 for s in (8, 1000, 65536)}
     expected |= {(op, "intra", 2, s) for op in ("pingpong", "sendrecv") for s in (8, 1000, 65536)}
-    expected |= {("gemm", "intra", 1, 4096)}
+    expected |= {("gemm", "intra", 1, 4096), ("copy", "intra", 1, 4096)}
     got = set(zip(summary.op, summary.link, summary.procs, summary.requested_bytes))
     assert got == expected
     assert summary.point_id.is_unique
     assert (summary.samples >= 6).all()
     assert (summary.ci_low_s <= summary.median_s).all() and (summary.median_s <= summary.ci_high_s).all()
     assert (summary.min_s <= summary.median_s).all() and (summary.median_s <= summary.p95_s).all()
-    comm = summary[summary.op != "gemm"]
+    comm = summary[~summary.op.isin(["gemm", "copy"])]
     assert (comm.nodes == 1).all() and (comm.ranks_per_node == comm.procs).all()
     row = comm[(comm.op == "allreduce") & (comm.procs == 2) & (comm.requested_bytes == 65536)].iloc[0]
     assert row.busbw_Bps == pytest.approx(row.size_bytes / row.median_s * 1.0)
@@ -126,21 +126,24 @@ def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
     """4 ranks on one host: intra pairs (0,1) and (2,3) run at once, and all 4 multiply at once; the fit
     records both for the pricer."""
     out = tmp_path / "run"
-    args = ["--ops", "allreduce,pingpong,gemm", "--links", "intra", "--procs", "2", "--sizes", "8,1K,64K,1M",
+    args = ["--ops", "allreduce,pingpong,gemm,copy", "--links", "intra", "--procs", "2", "--sizes", "8,1K,64K,1M",
             "--gemm-sizes", "64K,256K", *FAST]
     run_mpi(4, ["sweep", "--out", str(out), "--concurrent", *args], check=True)
     summary = load_summary(out)
-    comm, gemm = summary[summary.op != "gemm"], summary[summary.op == "gemm"]
-    assert len(comm) == 8 and len(gemm) == 4 and (summary.wrong == 0).all()
+    local = summary.op.isin(["gemm", "copy"])
+    comm, gemm, copy = summary[~local], summary[summary.op == "gemm"], summary[summary.op == "copy"]
+    assert len(comm) == 8 and len(gemm) == 4 and len(copy) == 2 and (summary.wrong == 0).all()
     assert (comm.groups == 2).all() and (comm.groups_per_node == 2).all()
-    assert (gemm.groups == 4).all() and (gemm.groups_per_node == 4).all()
-    assert comm.point_id.str.endswith("-x2").all() and gemm.point_id.str.endswith("-x4").all()
+    assert (summary[local].groups == 4).all() and (summary[local].groups_per_node == 4).all()
+    assert comm.point_id.str.endswith("-x2").all() and summary[local].point_id.str.endswith("-x4").all()
+    assert set(copy.dtype) == {"float32"} and (copy.busbw_Bps == 2 * copy.size_bytes / copy.median_s).all()
     assert read_run_json(out)["options"]["concurrent"] is True
     cal = tmp_path / "cal.json"
     run_cli(["fit", str(out), "--out", str(cal)], check=True)
     data = json.loads(cal.read_text())
     assert data["link_classes"]["intra"]["groups_per_node"] == 2
     assert data["compute"]["gemm"]["float32"]["groups_per_node"] == 4
+    assert data["compute"]["copy"]["groups_per_node"] == 4 and data["compute"]["copy"]["bytes_per_s"] > 1e8
     # one-group points of the same shape do not fit together with concurrent ones
     single = tmp_path / "single"
     run_mpi(2, ["sweep", "--out", str(single), *args], check=True)
