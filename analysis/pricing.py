@@ -69,7 +69,8 @@ class Pricer:
     def compute_seconds(self, flops: float, elements: float = 0.0) -> float:
         """A local computation: the GEMM latency plus the longer of flops at the GEMM rate and the traffic of
         `elements` at the copy rate."""
-        return self.compute_latency_s + max(flops / self.flops_per_s, elements * self.itemsize / self.copy_bytes_per_s)
+        traffic_s = elements * self.itemsize / self.copy_bytes_per_s
+        return self.compute_latency_s + max(flops / self.flops_per_s, traffic_s)
 
     def copies_seconds(self, step) -> float:
         """The local layout copies a redistribution step makes: latency plus bytes read and written each."""

@@ -68,7 +68,8 @@ class Step:
         n_in, n_out = math.prod(self.in_shape), math.prod(self.out_shape)
         cut = self.op in ("reduce_scatter", "alltoall") and not outer(self.scatter_dim)
         join = self.op in ("allgather", "alltoall") and not outer(self.gather_dim)
-        local = (self.op == "slice" and not outer(self.scatter_dim)) or (self.op == "partial" and self.gather_dim is not None)
+        local = ((self.op == "slice" and not outer(self.scatter_dim))
+                 or (self.op == "partial" and self.gather_dim is not None))
         return (n_in,) * cut + (n_out,) * (join or local)
 
     def describe(self) -> str:

@@ -20,7 +20,8 @@ from microbench.errors import UsageError
 SCHEMA = "commcal.calibration"
 VERSION = 3
 READS = (1, 2, 3)
-"""Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time)."""
+"""Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time); 3 added
+the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
