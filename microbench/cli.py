@@ -25,10 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 RANK_SUBCOMMANDS = {"sweep", "validate"}
-FAIL_GRACE_S = 3.0
 """Run by every rank of an MPI job: each rank gets one BLAS thread (unless the user chose), so the GEMM
 rate the sweep measures is the rate each rank has when all ranks compute at once, as in validate."""
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+FAIL_GRACE_S = 3.0
 
 
 def launcher_rank() -> int:

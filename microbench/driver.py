@@ -156,10 +156,11 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
                        in_place=in_place)
 
 
-def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: StopRule,
-                   ctrl: MPI.Comm | None) -> tuple[np.ndarray, Estimate]:
+def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: StopRule, ctrl: MPI.Comm | None,
+                   wrong: int, flops: float = 0.0) -> Measurement:
     """Time `run` (one local operation) until the rule says done. With `ctrl`, every rank of it runs at once
-    (as training does) and iteration times are the max over them, as for concurrent collectives."""
+    (as training does), iteration times are the max over them, as for concurrent collectives, and `wrong`
+    (this rank's wrong elements) is summed over them."""
     def batch(iters: int) -> tuple[np.ndarray, float]:
         out = np.empty(iters + 1)
         start = time.perf_counter()
@@ -173,7 +174,10 @@ def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: Stop
             ctrl.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
         return out[:-1], float(out[-1])
 
-    return _sample(batch, rule)
+    samples, est = _sample(batch, rule)
+    if ctrl is not None:
+        wrong = ctrl.allreduce(wrong, op=MPI.SUM)
+    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong, flops)
 
 
 def _operand(xp: Any, n: int, dtype: str, rng: np.random.Generator):
@@ -193,11 +197,7 @@ def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MP
     cols = rng.integers(0, n, 16)
     a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (a, b, c))
     wrong = gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
-    samples, est = _measure_local(lambda: xp.matmul(a, b, out=c), backend.sync, rule, ctrl)
-    if ctrl is not None:
-        wrong = ctrl.allreduce(wrong, op=MPI.SUM)
-    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong,
-                       gemm_flops(n))
+    return _measure_local(lambda: xp.matmul(a, b, out=c), backend.sync, rule, ctrl, wrong, gemm_flops(n))
 
 
 def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
@@ -211,10 +211,7 @@ def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MP
 
     got, want = _host(halves()), _host(src)
     wrong = int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
-    samples, est = _measure_local(halves, backend.sync, rule, ctrl)
-    if ctrl is not None:
-        wrong = ctrl.allreduce(wrong, op=MPI.SUM)
-    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong)
+    return _measure_local(halves, backend.sync, rule, ctrl, wrong)
 
 
 MEASURE_LOCAL = {"gemm": measure_gemm, "copy": measure_copy}
