@@ -1,6 +1,6 @@
 """The validation harness: runs each chosen strategy's schedule for real on every rank, checks outputs and
 gradients against a single-process float64 reference, and times every step (barrier before each, max over
-ranks, repeated until microbench.stats.StopRule says done, like the sweep)."""
+ranks, repeated until microbench.stats.StopRule says done, in several visits pooled, like the sweep)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.harness_exec import Program, Runner
-from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear, Schedule
+from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from analysis.sbp import P, local_slices
-from microbench.stats import Estimate, StopRule, estimate
+from microbench.stats import Estimate, StopRule, estimate, round_spread
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
 """Largest accepted max |got - reference| / max |reference| per output."""
@@ -32,6 +32,8 @@ class Timed:
     item_median_s: tuple[float, ...]
     target_met: bool
     max_rel_err: float
+    rounds: int = 1
+    round_spread: float = 0.0
 
 
 def layer_data(layer: Layer, seed: int, dtype: str) -> dict:
@@ -61,15 +63,19 @@ def rel_errors(runner: Runner, prog: Program, env: dict) -> np.ndarray:
     return np.array(errs)
 
 
-def measure(runner: Runner, prog: Program, rule: StopRule, dtype: str, what: str) -> Timed:
-    """Check once (untimed), warm up, then time batches of iterations until the rule is met."""
-    coll, items = runner.coll, prog.items
-    comm = np.array([it.is_comm for it in items], dtype=bool)
+class Bench:
+    """One strategy's program on this rank: checked once, then sampled in visits (passes over the layer's
+    strategies, as the sweep does over its points) whose rows of per-item seconds (max over ranks) are pooled."""
 
-    def once() -> tuple[dict, np.ndarray]:
-        env = dict(prog.inputs)
-        out = np.empty(len(items))
-        for i, it in enumerate(items):
+    def __init__(self, runner: Runner, prog: Program) -> None:
+        self.runner, self.prog = runner, prog
+        self.visits: list[np.ndarray] = []
+        self.max_rel_err = np.inf
+
+    def _once(self) -> tuple[dict, np.ndarray]:
+        coll, env = self.runner.coll, dict(self.prog.inputs)
+        out = np.empty(len(self.prog.items))
+        for i, it in enumerate(self.prog.items):
             coll.barrier()
             t0 = time.perf_counter()
             it.run(env)
@@ -77,36 +83,42 @@ def measure(runner: Runner, prog: Program, rule: StopRule, dtype: str, what: str
             out[i] = time.perf_counter() - t0
         return env, out
 
-    def batch(iters: int) -> tuple[np.ndarray, float]:
+    def _batch(self, iters: int) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
-        rows = np.stack([once()[1] for _ in range(iters)])
-        wall = np.full((1, len(items)), time.perf_counter() - t0)
-        got = coll.world_max(np.concatenate([rows, wall]))
+        rows = np.stack([self._once()[1] for _ in range(iters)])
+        wall = np.full((1, len(self.prog.items)), time.perf_counter() - t0)
+        got = self.runner.coll.world_max(np.concatenate([rows, wall]))
         return got[:-1], float(got[-1, 0])
 
-    env, _ = once()
-    errs = coll.world_max(rel_errors(runner, prog, env))
-    bad = [(o.name, e) for o, e in zip(prog.outputs, errs) if not e <= TOLERANCE[dtype]]
-    if bad:
-        raise NumericsError(f"{what}: " + ", ".join(f"{n} max relative error {e:.3g}" for n, e in bad)
-                            + f" > {TOLERANCE[dtype]:g} against the single-process reference")
-    _, per_iter = batch(1)
-    chunks, have, elapsed = [], 0, 0.0
-    while True:
-        iters = rule.next_batch(have, per_iter, elapsed)
-        rows, wall = batch(iters)
-        chunks.append(rows)
-        have, elapsed, per_iter = have + iters, elapsed + wall, wall / iters
-        est = estimate(np.concatenate(chunks).sum(axis=1))
-        if rule.done(est, elapsed):
-            break
-    allrows = np.concatenate(chunks)
-    return Timed(est, estimate(allrows[:, comm].sum(axis=1)), estimate(allrows[:, ~comm].sum(axis=1)),
-                 tuple(float(v) for v in np.median(allrows, axis=0)),
-                 est.samples >= rule.min_samples and est.within(rule.target_ci), float(errs.max(initial=0.0)))
+    def check(self, dtype: str, what: str) -> None:
+        """Run once (untimed) and compare every output with the reference: NumericsError past TOLERANCE."""
+        env, _ = self._once()
+        errs = self.runner.coll.world_max(rel_errors(self.runner, self.prog, env))
+        bad = [(o.name, e) for o, e in zip(self.prog.outputs, errs) if not e <= TOLERANCE[dtype]]
+        if bad:
+            raise NumericsError(f"{what}: " + ", ".join(f"{n} max relative error {e:.3g}" for n, e in bad)
+                                + f" > {TOLERANCE[dtype]:g} against the single-process reference")
+        self.max_rel_err = float(errs.max(initial=0.0))
 
+    def visit(self, rule: StopRule) -> None:
+        """Warm up, then time batches of iterations until the rule (this visit's share of the budget) is met."""
+        _, per_iter = self._batch(1)
+        chunks, have, elapsed = [], 0, 0.0
+        while True:
+            iters = rule.next_batch(have, per_iter, elapsed)
+            rows, wall = self._batch(iters)
+            chunks.append(rows)
+            have, elapsed, per_iter = have + iters, elapsed + wall, wall / iters
+            if rule.done(estimate(np.concatenate(chunks).sum(axis=1)), elapsed):
+                break
+        self.visits.append(np.concatenate(chunks))
 
-def run_strategy(runner: Runner, layer: Layer, sched: Schedule, data: dict, dtype: str, rule: StopRule,
-                 what: str) -> tuple[Program, Timed]:
-    prog = runner.program(layer, sched, data, dtype)
-    return prog, measure(runner, prog, rule, dtype, what)
+    def timed(self, rule: StopRule) -> Timed:
+        """The pooled visits: totals, communication and compute, each item's median, the target, the spread."""
+        comm = np.array([it.is_comm for it in self.prog.items], dtype=bool)
+        rows = np.concatenate(self.visits)
+        est = estimate(rows.sum(axis=1))
+        spread = round_spread([v.sum(axis=1) for v in self.visits])
+        return Timed(est, estimate(rows[:, comm].sum(axis=1)), estimate(rows[:, ~comm].sum(axis=1)),
+                     tuple(float(v) for v in np.median(rows, axis=0)), rule.met(est), self.max_rel_err,
+                     len(self.visits), spread)

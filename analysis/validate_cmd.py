@@ -19,8 +19,8 @@ from microbench.stats import StopRule
 
 QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
                 "embedding:vocab=256,dim=64,tokens=128,density=0.25")
-QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16}
-DEFAULTS = {"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64}
+QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16, "rounds": 3}
+DEFAULTS = {"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64, "rounds": 3}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=None, help="seconds per strategy before stopping anyway "
                    f"(default {DEFAULTS['budget']}; quick {QUICK['budget']})")
     p.add_argument("--min-samples", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=None,
+                   help="time each layer's strategies in this many passes over them, each with its share of the "
+                        f"budget, pooling the samples (default {DEFAULTS['rounds']}), so that the machine's drift "
+                        "over seconds does not favour the strategies timed in a quiet window")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"(default {DEFAULTS['max_strategies']}; quick {QUICK['max_strategies']})")
@@ -55,18 +59,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Config:
     rule: StopRule
     max_strategies: int
+    rounds: int
 
 
 def config(args) -> Config:
     base = QUICK if args.quick else DEFAULTS
     pick = lambda name: base[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
     target, budget, mins, most = pick("target_ci"), pick("budget"), pick("min_samples"), pick("max_strategies")
-    if not (0 < target < 1) or budget <= 0 or mins < 2 or most < 1 or args.top_k < 1 or args.bootstrap < 0:
+    rounds = pick("rounds")
+    if not (0 < target < 1) or budget <= 0 or mins < 2 or most < 1 or rounds < 1 or args.top_k < 1 \
+            or args.bootstrap < 0:
         raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
-                         "--top-k >= 1 and --bootstrap >= 0")
+                         "--rounds >= 1, --top-k >= 1 and --bootstrap >= 0")
     if not args.layer and not args.quick:
         raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers)")
-    return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most)
+    return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds)
 
 
 def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:

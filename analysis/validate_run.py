@@ -9,7 +9,7 @@ import pandas as pd
 from mpi4py import MPI
 
 from analysis import ranking
-from analysis.harness import NumericsError, layer_data, run_strategy
+from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
@@ -45,14 +45,22 @@ def main(args, cfg, layers, cal) -> int:
         f"calibration {args.calibration}", flush=True)
     rows, steps = [], []
     try:
+        visit_rule = cfg.rule.visit(cfg.rounds)
         for li, (name, layer, opts, chosen) in enumerate(work):
             data = layer_data(layer, args.seed + li, args.dtype)
+            benches = []
             for i, why in chosen:
                 sched = opts.schedules[i]
-                prog, timed = run_strategy(runner, layer, sched, data, args.dtype, cfg.rule,
-                                           f"layer {name} strategy {sched.strategy.id}")
-                rows.append(_row(name, layer, opts, i, why, prog, timed))
-                steps += _step_rows(name, sched.strategy.id, prog, timed, pricer)
+                bench = Bench(runner, runner.program(layer, sched, data, args.dtype))
+                bench.check(args.dtype, f"layer {name} strategy {sched.strategy.id}")
+                benches.append((i, why, bench))
+            for _ in range(cfg.rounds):             # passes over the strategies, so that drift hits them alike
+                for _, _, bench in benches:
+                    bench.visit(visit_rule)
+            for i, why, bench in benches:
+                timed = bench.timed(cfg.rule)
+                rows.append(_row(name, layer, opts, i, why, bench.prog, timed))
+                steps += _step_rows(name, opts.schedules[i].strategy.id, bench.prog, timed, pricer)
             say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok", flush=True)
     except NumericsError as exc:
         if world.rank == 0:
@@ -73,7 +81,8 @@ def _row(name, layer, opts, i, why, prog, timed) -> dict:
             "measured_s": timed.total.median, "measured_ci_low_s": timed.total.ci_low,
             "measured_ci_high_s": timed.total.ci_high, "measured_comm_s": timed.comm.median,
             "measured_compute_s": timed.compute.median, "samples": timed.total.samples,
-            "target_met": timed.target_met, "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err}
+            "target_met": timed.target_met, "rounds": timed.rounds, "round_spread": timed.round_spread,
+            "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err}
 
 
 def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:

@@ -92,7 +92,6 @@ def make_timer(world: MPI.Comm, choice: str) -> tuple[Any, str]:
 class Measurement:
     samples: np.ndarray      # seconds per iteration, max over ranks
     estimate: Estimate
-    target_met: bool
     wrong: int
     flops: float = 0.0
     in_place: bool = False
@@ -152,8 +151,7 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
     samples, est = _sample(batch, rule)
     wrong += _count_wrong(op, backend, comm, lay, dtype, in_place)
     wrong = ctrl.allreduce(wrong, op=MPI.SUM)
-    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong,
-                       in_place=in_place)
+    return Measurement(samples, est, wrong, in_place=in_place)
 
 
 def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: StopRule, ctrl: MPI.Comm | None,
@@ -177,7 +175,7 @@ def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: Stop
     samples, est = _sample(batch, rule)
     if ctrl is not None:
         wrong = ctrl.allreduce(wrong, op=MPI.SUM)
-    return Measurement(samples, est, est.samples >= rule.min_samples and est.within(rule.target_ci), wrong, flops)
+    return Measurement(samples, est, wrong, flops)
 
 
 def _operand(xp: Any, n: int, dtype: str, rng: np.random.Generator):

@@ -90,6 +90,9 @@ class PointSummary:
     flops_per_s: float       # flops / median_s for gemm, 0 otherwise
     groups: int = 1          # disjoint groups of this shape measured at once (sweep --concurrent), max over them
     groups_per_node: int = 1  # the most of those groups with ranks on one node (they share its network link)
+    rounds: int = 1          # visits pooled into this point, each in another pass over the sweep (time window)
+    round_spread: float = 0.0  # half the range of the visits' medians, relative to the median: drift between
+                               # time windows, which the CI of the pooled samples does not see
 
     @property
     def ci_rel_half_width(self) -> float:
@@ -103,10 +106,11 @@ class PointSummary:
 
 
 SUMMARY_COLUMNS = tuple(PointSummary.__dataclass_fields__)
-ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1}
+ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1, "rounds": 1, "round_spread": 0.0}
 """Summary columns added after the first runs were written, with the value those runs meant."""
-SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s")
-"""samples: time_s is one timed iteration, the max over the participating ranks."""
+SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round")
+"""samples: time_s is one timed iteration, the max over the participating ranks; round is the visit (0-based)
+it was taken in (0 in runs written before rounds)."""
 
 
 def read_run_json(run_dir: str | Path) -> dict:
@@ -153,7 +157,7 @@ def _complete(summary: pd.DataFrame) -> pd.DataFrame:
     """Fill the ADDED_COLUMNS an older run lacks."""
     for col, value in ADDED_COLUMNS.items():
         summary[col] = (summary[col].fillna(value) if col in summary else value)
-        summary[col] = summary[col].astype("int64")
+        summary[col] = summary[col].astype(type(value))
     return summary
 
 
@@ -163,9 +167,19 @@ def load_samples(run_dir: str | Path, columns: list[str] | None = None) -> pd.Da
     read_run_json(run_dir)
     consolidated = run_dir / "samples.parquet"
     if consolidated.is_file():
-        return _read_parquet(consolidated, columns, categorical=True)
+        return _with_round(consolidated, columns)
     done = {f.stem for f in (run_dir / "points").glob("*.json")}
-    frames = [_read_parquet(run_dir / "points" / f"{pid}.parquet", columns, categorical=True) for pid in sorted(done)]
+    frames = [_with_round(run_dir / "points" / f"{pid}.parquet", columns) for pid in sorted(done)]
     if not frames:
         raise UsageError(f"{run_dir}: run holds no samples")
     return pd.concat(frames, ignore_index=True)
+
+
+def _with_round(path: Path, columns: list[str] | None) -> pd.DataFrame:
+    """Read samples, giving files written before rounds their round column (0)."""
+    if columns is not None and "round" not in columns:
+        return _read_parquet(path, columns, categorical=True)
+    frame = _read_parquet(path, None, categorical=True)
+    if "round" not in frame:
+        frame["round"] = 0
+    return frame[list(SAMPLE_COLUMNS if columns is None else columns)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -79,6 +79,14 @@ class StopRule:
             return True
         return elapsed_s >= self.budget_s and est.samples >= self.min_samples
 
+    def met(self, est: Estimate) -> bool:
+        """The target: enough samples and the median's CI within +-target_ci."""
+        return est.samples >= self.min_samples and est.within(self.target_ci)
+
+    def visit(self, rounds: int) -> StopRule:
+        """The rule of one of `rounds` visits: its share of the budget and of the minimum sample count."""
+        return replace(self, budget_s=self.budget_s / rounds, min_samples=max(2, math.ceil(self.min_samples / rounds)))
+
     def next_batch(self, have: int, per_iter_s: float, elapsed_s: float) -> int:
         """How many iterations to run next: reach min_samples first, then grow geometrically,
         never planning past the remaining budget (but always at least one)."""
@@ -90,3 +98,11 @@ class StopRule:
             remaining = max(self.budget_s - elapsed_s, 0.0)
             want = min(want, max(1, int(remaining / per_iter_s + 1e-6)))
         return max(1, min(want, self.max_samples - have, 100_000))
+
+
+def round_spread(visits: list[np.ndarray]) -> float:
+    """Half the range of the visits' medians, relative to the median of all their samples: the drift between
+    time windows that the CI of the pooled samples cannot see (0 for one visit)."""
+    median = float(np.median(np.concatenate(visits)))
+    medians = [float(np.median(v)) for v in visits]
+    return (max(medians) - min(medians)) / 2 / median if median > 0 else float("inf")

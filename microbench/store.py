@@ -34,10 +34,23 @@ class RunStore:
     def done_ids(self) -> set[str]:
         return {f.stem for f in self.points.glob("*.json")}
 
-    def write_point(self, summary: PointSummary, samples: np.ndarray) -> None:
-        """Samples first, then the summary record whose presence marks the point complete."""
+    def visits_done(self) -> dict[str, int]:
+        """Each point on disk and the visits (rounds) pooled into it; points written before rounds count as
+        finished."""
+        return {f.stem: int(json.loads(f.read_text()).get("rounds", 1 << 30)) for f in self.points.glob("*.json")}
+
+    def read_point(self, point_id: str) -> tuple[np.ndarray, np.ndarray, int]:
+        """A point's samples, the round of each, and its wrong-element count, to pool a resumed visit with."""
+        record = json.loads((self.points / f"{point_id}.json").read_text())
+        table = pq.read_table(self.points / f"{point_id}.parquet", columns=["time_s", "round"])
+        return (table.column("time_s").to_numpy(), table.column("round").to_numpy(), int(record["wrong"]))
+
+    def write_point(self, summary: PointSummary, samples: np.ndarray, rounds: np.ndarray) -> None:
+        """Samples first, then the summary record whose presence marks the point measured (its `rounds` says how
+        many visits it holds)."""
         table = pa.table({"run_id": [summary.run_id] * len(samples), "point_id": [summary.point_id] * len(samples),
-                          "iteration": np.arange(len(samples), dtype=np.int64), "time_s": samples})
+                          "iteration": np.arange(len(samples), dtype=np.int64), "time_s": samples,
+                          "round": np.asarray(rounds, dtype=np.int64)})
         atomic_write(self.points / f"{summary.point_id}.parquet", lambda tmp: pq.write_table(table, tmp))
         atomic_write_json(self.points / f"{summary.point_id}.json", summary.to_dict())
 
@@ -54,10 +67,13 @@ class RunStore:
 
         def write_samples(tmp: str) -> None:
             schema = pa.schema([("run_id", pa.string()), ("point_id", pa.string()),
-                                ("iteration", pa.int64()), ("time_s", pa.float64())])
+                                ("iteration", pa.int64()), ("time_s", pa.float64()), ("round", pa.int64())])
             with pq.ParquetWriter(tmp, schema) as writer:
                 for pid in ids:
-                    writer.write_table(pq.read_table(self.points / f"{pid}.parquet").select(list(SAMPLE_COLUMNS)))
+                    table = pq.read_table(self.points / f"{pid}.parquet")
+                    if "round" not in table.column_names:     # a point written before rounds, in a resumed run
+                        table = table.append_column("round", pa.array(np.zeros(len(table), dtype=np.int64)))
+                    writer.write_table(table.select(list(SAMPLE_COLUMNS)))
 
         atomic_write(self.out / "samples.parquet", write_samples)
         return summary

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from microbench import driver
@@ -15,7 +16,7 @@ from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
 from microbench.records import PointKey, PointSummary
 from microbench.sizes import format_size
-from microbench.stats import StopRule
+from microbench.stats import StopRule, estimate, round_spread
 from microbench.topology import Group, group_for, groups_per_node, tiles
 
 
@@ -32,6 +33,7 @@ class SweepConfig:
     in_place: bool = False
     retries: int = 1
     concurrent: bool = False
+    rounds: int = 3
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,34 @@ def check_memory(points: list[PlannedPoint], per_rank_bytes: int) -> None:
             raise UsageError(f"size {format_size(pt.layout.size_bytes)} for {pt.op.name} exceeds MPI's 2^31-element count")
 
 
-def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, rule: StopRule, timing_path: str) -> PointSummary:
-    est, lay, p = m.estimate, pt.layout, pt.group.procs
+@dataclass(frozen=True)
+class Pooled:
+    """One point's visits so far (rank 0's view): every sample, the round it was taken in, wrong elements.
+    A point's median comes from several passes over the sweep because this machine's speed drifts over
+    seconds: one contiguous window gives a tight CI around a median that another window does not reproduce."""
+
+    samples: np.ndarray = field(default_factory=lambda: np.empty(0))
+    rounds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    wrong: int = 0
+
+    def add(self, m: driver.Measurement) -> Pooled:
+        """These visits and one more (numbered after the last)."""
+        rnd = int(self.rounds.max()) + 1 if len(self.rounds) else 0
+        return Pooled(np.concatenate([self.samples, m.samples]),
+                      np.concatenate([self.rounds, np.full(len(m.samples), rnd, dtype=np.int64)]), self.wrong + m.wrong)
+
+    @property
+    def visits(self) -> int:
+        return len(np.unique(self.rounds))
+
+    def spread(self) -> float:
+        return round_spread([self.samples[self.rounds == r] for r in np.unique(self.rounds)])
+
+
+def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pooled, rule: StopRule,
+              timing_path: str) -> PointSummary:
+    """The record of a point's pooled visits (`m` is the latest)."""
+    est, lay, p, spread = estimate(pooled.samples), pt.layout, pt.group.procs, pooled.spread()
     algbw = lay.size_bytes / est.median if est.median > 0 else 0.0
     return PointSummary(
         run_id=run_id, point_id=pt.key.point_id, backend=pt.key.backend, op=pt.op.name, link=pt.group.link,
@@ -111,10 +139,10 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, rule: StopRu
         dtype=pt.key.dtype, bytes_per_rank=pt.op.bytes_per_rank(lay.size_bytes, p), in_place=m.in_place,
         timing_path=timing_path if pt.op.kind != "compute" else "python", samples=est.samples,
         median_s=est.median, ci_low_s=est.ci_low, ci_high_s=est.ci_high, min_s=est.min, p95_s=est.p95,
-        mean_s=est.mean, target_ci=rule.target_ci, target_met=m.target_met, algbw_Bps=algbw,
-        busbw_Bps=algbw * pt.op.bus_factor(p), wrong=m.wrong, flops=m.flops,
+        mean_s=est.mean, target_ci=rule.target_ci, target_met=rule.met(est), algbw_Bps=algbw,
+        busbw_Bps=algbw * pt.op.bus_factor(p), wrong=pooled.wrong, flops=m.flops,
         flops_per_s=m.flops / est.median if m.flops and est.median > 0 else 0.0,
-        groups=len(pt.groups), groups_per_node=pt.groups_per_node)
+        groups=len(pt.groups), groups_per_node=pt.groups_per_node, rounds=pooled.visits, round_spread=spread)
 
 
 def _idle_until(req: MPI.Request) -> None:
@@ -125,47 +153,52 @@ def _idle_until(req: MPI.Request) -> None:
 
 @dataclass
 class Progress:
-    """Rank 0's table of finished points, with a running count and a time estimate."""
+    """Rank 0's table of finished visits, with a running count and a time estimate."""
 
     total: int
+    skipped: int = 0
     stream: Any = field(default=sys.stdout)
     started: float = field(default_factory=time.monotonic)
     finished: int = 0
 
     def header(self) -> None:
-        print(f"{'point':>9}  {'op':<14} {'link':<6} {'p':>3} {'size':>6}  {'median':>10} {'CI +-':>6} "
-              f"{'n':>6}  {'busbw':>11}  {'ok':<4}", file=self.stream, flush=True)
+        print(f"{'visit':>9}  {'op':<14} {'link':<6} {'p':>3} {'size':>6}  {'median':>10} {'CI +-':>6} "
+              f"{'n':>6}  {'busbw':>11}  {'ok':<4} {'drift':>6}", file=self.stream, flush=True)
 
-    def row(self, s: PointSummary, skipped: int, retry: str = "") -> None:
+    def row(self, s: PointSummary, retry: str = "") -> None:
         if not retry:
             self.finished += 1
         elapsed = time.monotonic() - self.started
-        eta = elapsed / self.finished * (self.total - skipped - self.finished)
+        eta = elapsed / self.finished * (self.total - self.skipped - self.finished)
         half = s.ci_rel_half_width * 100
         rate = (f"{s.flops_per_s / 1e9:8.2f} GF/s" if s.flops else f"{s.busbw_Bps / 1e9:8.3f} GB/s")
         flag = "ok" if s.wrong == 0 else f"WRONG {s.wrong}"
         mark = "" if s.target_met else "*"
-        where = retry or f"{self.finished + skipped:>4}/{self.total:<4}"
+        where = retry or f"{self.finished + self.skipped:>4}/{self.total:<4}"
         print(f"{where:>9}  {s.op:<14} {s.link:<6} {s.procs:>3} "
               f"{format_size(s.size_bytes):>6}  {s.median_s * 1e6:8.2f}us {half:5.1f}%{mark} {s.samples:>6}  "
-              f"{rate}  {flag}  eta {eta:4.0f}s", file=self.stream, flush=True)
+              f"{rate}  {flag}  {s.round_spread * 100:5.1f}%  eta {eta:4.0f}s", file=self.stream, flush=True)
 
 
-def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg: SweepConfig, run_id: str,
+def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int], cfg: SweepConfig, run_id: str,
                timer: Any, store: Any, backend: Any) -> int:
-    """Measure every planned point not in `done`, then measure again (up to cfg.retries times, at the end, so
-    in another time window) the points whose CI missed the target, keeping the attempt with the tighter CI.
-    Returns the number of wrong elements seen."""
+    """Visit every planned point cfg.rounds times, in passes over the plan (each visit with its share of the point
+    budget), pooling the samples; `done` holds the visits already on disk. Then visit again (up to cfg.retries
+    times, at the end) the points whose pooled CI missed the target. Every visit is on
+    disk before the next starts. Returns the number of wrong elements seen."""
     comms: dict[tuple[str, int, int], tuple[MPI.Comm, MPI.Comm]] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
         k = (pt.group.link, pt.group.procs, len(pt.groups))
         if k not in comms:
             comms[k] = _split(world, pt.groups)
-    progress = Progress(len(points)) if world.rank == 0 else None
-    if progress:
+    rule = cfg.rule.visit(cfg.rounds)
+    progress = None
+    if world.rank == 0:
+        progress = Progress(len(points) * cfg.rounds, sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points))
         progress.header()
     wrong = 0
-    unmet: dict[str, PointSummary] = {}      # rank 0's view: points whose kept attempt missed the CI target
+    pooled: dict[str, Pooled] = {}           # rank 0: the visits of every point touched by this job
+    unmet: set[str] = set()                  # rank 0: points whose pooled result misses the target
 
     def measure(pt: PlannedPoint, retry: str) -> None:
         nonlocal wrong
@@ -173,30 +206,29 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: set[str], cfg:
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
                 together = ctrl if len(pt.groups) > 1 else None
-                m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, cfg.rule, backend, together)
+                m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, rule, backend, together)
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
-                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, cfg.rule, timer, backend, in_place,
+                m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,
                                               ctrl)
             if world.rank == 0:
-                s = summarize(run_id, pt, m, cfg.rule, timer.path)
-                wrong += s.wrong
-                kept = unmet.get(pt.key.point_id)
-                if kept is None or s.wrong or s.ci_rel_half_width < kept.ci_rel_half_width:
-                    store.write_point(s, m.samples)
-                    kept = s
-                if kept.target_met:
-                    unmet.pop(pt.key.point_id, None)
-                else:
-                    unmet[pt.key.point_id] = kept
-                progress.row(s, len(done), retry)
+                pid = pt.key.point_id
+                if pid not in pooled:
+                    pooled[pid] = Pooled(*store.read_point(pid)) if done.get(pid) else Pooled()
+                pooled[pid] = pooled[pid].add(m)
+                s = summarize(run_id, pt, m, pooled[pid], cfg.rule, timer.path)
+                wrong += m.wrong
+                store.write_point(s, pooled[pid].samples, pooled[pid].rounds)
+                (unmet.discard if s.target_met else unmet.add)(pid)
+                progress.row(s, retry)
         _idle_until(world.Ibarrier())
 
-    for pt in points:
-        if pt.key.point_id not in done:
-            measure(pt, "")
+    for rnd in range(cfg.rounds):
+        for pt in points:
+            if done.get(pt.key.point_id, 0) <= rnd:
+                measure(pt, "")
     for attempt in range(1, cfg.retries + 1):
-        again = world.bcast(set(unmet) if world.rank == 0 else None, root=0)
+        again = world.bcast(unmet if world.rank == 0 else None, root=0)
         for pt in points:
             if pt.key.point_id in again:
                 measure(pt, f"retry {attempt}")

@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retries", type=int, default=1,
                    help="measure points whose CI missed the target again at the end of the sweep, up to this many "
                         "times, keeping the attempt with the tighter CI (default 1; 0 turns it off)")
+    p.add_argument("--rounds", type=int,
+                   help="visit every point this many times, in passes over the whole sweep, each with its share of "
+                        "the point budget, and pool the samples (default 3): one contiguous window on a shared "
+                        "machine gives a median that another window does not reproduce")
     p.add_argument("--concurrent", action="store_true",
                    help="measure every disjoint group of a shape at once (as all groups of a mesh axis run in "
                         "training) instead of one group while the other ranks wait")
@@ -67,10 +71,13 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
         raise UsageError("--min-samples must be at least 6, the fewest samples that give a 95% CI of the median")
     if args.retries < 0:
         raise UsageError("--retries must be 0 or more")
+    rounds = pick("rounds", 3)
+    if rounds < 1:
+        raise UsageError("--rounds must be 1 or more")
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
-                       concurrent=args.concurrent,
+                       concurrent=args.concurrent, rounds=rounds,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -134,9 +141,9 @@ def run(args: argparse.Namespace) -> int:
     if world.rank == 0:
         try:
             earlier = store.prepare(args.resume)
-            done = store.done_ids()
+            done = store.visits_done()
         except UsageError as exc:
-            error, earlier, done = str(exc), None, set()
+            error, earlier, done = str(exc), None, {}
     error = world.bcast(error, root=0)
     if error:
         raise UsageError(error)
@@ -152,14 +159,18 @@ def run(args: argparse.Namespace) -> int:
             options=dict(ops=[op.name for op in cfg.ops], sizes=list(cfg.sizes), procs=list(cfg.procs),
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
                          min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries,
+                         rounds=cfg.rounds,
                          concurrent=cfg.concurrent, quick=args.quick,
                          in_place=cfg.in_place))
         run_id = meta["run_id"]
         store.write_run(meta)
-        print(f"commcal sweep: {len(points)} points ({len(done)} already done), {world.size} ranks on "
+        finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
+        partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
+        print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
+              f"{world.size} ranks on "
               f"{len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}", flush=True)
     else:
-        run_id, done = None, set()
+        run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)
     wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend)
     if world.rank == 0:

@@ -10,7 +10,7 @@ import pytest
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
-from microbench.stats import StopRule, estimate, median_ci_ranks
+from microbench.stats import StopRule, estimate, median_ci_ranks, round_spread
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
@@ -94,6 +94,21 @@ def test_next_batch_respects_remaining_budget():
     assert rule.next_batch(100, 0.01, 0.5) == 50
     assert rule.next_batch(100, 0.01, 0.8) == 20
     assert rule.next_batch(100, 1.0, 2.0) == 1
+
+
+@pytest.mark.parametrize("min_samples,rounds,per_visit", [(10, 3, 4), (6, 3, 2), (10, 1, 10), (6, 4, 2), (12, 4, 3)])
+def test_a_visit_takes_its_share_of_budget_and_samples_and_the_visits_reach_the_minimum(min_samples, rounds, per_visit):
+    rule = StopRule(target_ci=0.02, min_samples=min_samples, budget_s=1.5)
+    v = rule.visit(rounds)
+    assert (v.budget_s, v.min_samples, v.target_ci) == (pytest.approx(1.5 / rounds), per_visit, 0.02)
+    assert v.min_samples * rounds >= min_samples
+
+
+def test_round_spread_is_half_the_range_of_visit_medians_relative_to_the_pooled_median():
+    visits = [np.array([1.0, 2.0, 3.0]), np.array([3.0, 4.0, 5.0]), np.array([2.0, 2.5, 9.0])]
+    # medians 2, 4, 2.5; pooled median of 1,2,2,2.5,3,3,4,5,9 is 3
+    assert round_spread(visits) == pytest.approx((4 - 2) / 2 / 3)
+    assert round_spread([np.array([1.0, 5.0, 7.0])]) == 0.0
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8, 64])

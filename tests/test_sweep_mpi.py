@@ -70,14 +70,23 @@ def test_python_timing_path_is_recorded(tmp_path):
     assert set(load_summary(out).timing_path) == {"python"}
 
 
-def test_killed_rank_then_resume_measures_each_point_once(tmp_path):
+def _visits(out) -> dict[str, tuple[int, int, int]]:
+    """Each point on disk: (its record's mtime, visits pooled, samples)."""
+    found = {}
+    for f in (out / "points").glob("*.json"):
+        rec = json.loads(f.read_text())
+        found[f.stem] = (f.stat().st_mtime_ns, rec["rounds"], rec["samples"])
+    return found
+
+
+def test_killed_rank_then_resume_finishes_each_point_once_keeping_earlier_visits(tmp_path):
     out = tmp_path / "run"
-    args = ["sweep", "--out", str(out), "--ops", "allreduce,bcast,alltoall", "--sizes", "8:4K",
-            "--point-budget", "0.15", "--min-samples", "6", "--target-ci", "0.001"]
+    args = ["sweep", "--out", str(out), "--ops", "allreduce,bcast,alltoall", "--sizes", "8:4K", "--rounds", "2",
+            "--retries", "0", "--point-budget", "0.15", "--min-samples", "6", "--target-ci", "0.001"]
     job = subprocess.Popen([*mpiexec_argv(2), *commcal_argv(), *args], env=mpi_env(), cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
-    while len(list((out / "points").glob("*.json"))) < 4:
+    while sum(r == 2 for _, r, _ in _visits(out).values()) < 4:   # killed in the second pass
         assert time.monotonic() < deadline and job.poll() is None, "sweep ended before it could be killed"
         time.sleep(0.1)
     ranks = subprocess.run(["pgrep", "-f", "-s", str(job.pid), "microbench.cli sweep"], capture_output=True,
@@ -86,40 +95,56 @@ def test_killed_rank_then_resume_measures_each_point_once(tmp_path):
     os.kill(int(ranks[-1]), signal.SIGKILL)
     job.communicate(timeout=120)
     assert job.returncode != 0
-    before = {f.name: f.stat().st_mtime_ns for f in (out / "points").glob("*.json")}
-    assert 4 <= len(before) < 3 * 10
+    before = _visits(out)
+    finished = {pid for pid, (_, r, _) in before.items() if r == 2}
+    assert len(before) == 3 * 10 and 4 <= len(finished) < 3 * 10
+    first_pass = {pid: pd.read_parquet(out / "points" / f"{pid}.parquet").query("round == 0").time_s.tolist()
+                  for pid in before}
     assert not (out / "summary.parquet").exists()
-    run_mpi(2, [*args, "--resume"], check=True)
-    after = {f.name: f.stat().st_mtime_ns for f in (out / "points").glob("*.json")}
-    assert all(after[name] == mtime for name, mtime in before.items()), "a finished point was measured again"
+    proc = run_mpi(2, [*args, "--resume"], check=True)
+    assert f"30 points ({len(finished)} already done, {30 - len(finished)} partly)" in proc.stdout, proc.stdout
+    after = _visits(out)
+    for pid, (mtime, rounds, n) in before.items():
+        if pid in finished:
+            assert after[pid] == before[pid], f"{pid} was finished but measured again"
+        else:
+            assert after[pid][1] == 2 and after[pid][2] > n, f"{pid}: the second visit was not added"
     summary = load_summary(out)
-    assert len(summary) == 3 * 10 and summary.point_id.is_unique
-    assert set(load_samples(out).point_id) == set(summary.point_id)
+    assert len(summary) == 3 * 10 and summary.point_id.is_unique and (summary.rounds == 2).all()
+    samples = load_samples(out)
+    assert set(samples.point_id) == set(summary.point_id)
+    for pid, times in first_pass.items():
+        assert samples[(samples.point_id == pid) & (samples["round"] == 0)].time_s.tolist() == times
     meta = read_run_json(out)
     assert len(meta["resumed_at"]) == 1
     assert set(summary.run_id) == {meta["run_id"]}
     assert not list(out.glob("**/.*.tmp")), "half-written temporary files left behind"
 
 
-def test_points_missing_the_ci_target_are_measured_again_and_the_tightest_attempt_kept(tmp_path):
+def test_points_are_visited_in_rounds_and_those_missing_the_target_again_pooling_every_visit(tmp_path):
     out = tmp_path / "run"
     proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8,64", "--point-budget", "0.05",
-                       "--min-samples", "6", "--target-ci", "0.0001", "--retries", "2"], check=True)
-    rows = re.findall(r"^\s*(\S+(?: \d)?)\s+pingpong\s+intra\s+2\s+(\S+)\s+\S+us\s+(\S+?)%", proc.stdout, re.M)
-    attempts = {}
-    for where, size, half in rows:
-        attempts.setdefault(size, []).append((where, float(half)))
-    assert {s: [w for w, _ in a] for s, a in attempts.items()} == \
-        {"8": ["1/2", "retry 1", "retry 2"], "64": ["2/2", "retry 1", "retry 2"]}, proc.stdout
-    summary = load_summary(out).set_index("requested_bytes")
-    assert len(summary) == 2 and not summary.target_met.any()
-    for size, label in ((8, "8"), (64, "64")):
-        row = summary.loc[size]
-        kept = max(row.ci_high_s - row.median_s, row.median_s - row.ci_low_s) / row.median_s * 100
-        assert kept == pytest.approx(min(h for _, h in attempts[label]), abs=0.051), (kept, attempts[label])
-    counts = load_samples(out).groupby("point_id").size()
-    assert counts.reindex(summary.point_id).tolist() == summary.samples.tolist()
-    assert read_run_json(out)["options"]["retries"] == 2
+                       "--min-samples", "6", "--target-ci", "0.0001", "--rounds", "2", "--retries", "2"], check=True)
+    rows = re.findall(r"^\s*(\S+(?: \d)?)\s+pingpong\s+intra\s+2\s+(\S+)\s+\S+us\s+\S+?%\S*\s+(\d+)", proc.stdout,
+                      re.M)
+    visits = {}
+    for where, size, n in rows:
+        visits.setdefault(size, []).append((where, int(n)))
+    # passes over the whole plan first, then the retries of points that missed the target
+    assert {s: [w for w, _ in v] for s, v in visits.items()} == \
+        {"8": ["1/4", "3/4", "retry 1", "retry 2"], "64": ["2/4", "4/4", "retry 1", "retry 2"]}, proc.stdout
+    for v in visits.values():
+        assert [n for _, n in v] == sorted(n for _, n in v) and v[0][1] < v[-1][1], "every visit adds samples"
+    summary = load_summary(out).set_index("point_id")
+    samples = load_samples(out)
+    assert len(summary) == 2 and not summary.target_met.any() and (summary.rounds == 4).all()
+    for pid, mine in samples.groupby("point_id"):
+        row = summary.loc[pid]
+        assert sorted(mine["round"].unique()) == [0, 1, 2, 3] and len(mine) == row.samples
+        assert row.median_s == pytest.approx(mine.time_s.median())
+        medians = mine.groupby("round").time_s.median()
+        assert row.round_spread == pytest.approx((medians.max() - medians.min()) / 2 / row.median_s)
+    assert read_run_json(out)["options"]["retries"] == 2 and read_run_json(out)["options"]["rounds"] == 2
 
 
 def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
