@@ -224,7 +224,9 @@ class Runner:
 
     def _sparse_gather(self, st: Step) -> Item:
         """The first st.in_shape[0] rows of the dense gradient (every touched row lies there) with their int64
-        indices, packed as bytes, allgathered, and summed into a dense buffer."""
+        indices, packed as bytes, allgathered, and summed back into those rows (Step.copies counts the traffic).
+        One member's indices are distinct, so each member's rows go in with a plain indexed add, not the far
+        slower unbuffered ufunc.at that repeated indices would need."""
         xp = self.xp
         rows = st.in_shape[0]
 
@@ -235,10 +237,12 @@ class Runner:
                                      xp.arange(rows, dtype=xp.int64).view(xp.uint8).reshape(rows, 8)], axis=1)
             got = run_step(st, packed, self.coll, self.coord, xp)
             width = vals.nbytes // rows
-            out = xp.zeros_like(dw)
-            xp.add.at(out, xp.ascontiguousarray(got[:, width:]).view(xp.int64).ravel(),
-                    xp.ascontiguousarray(got[:, :width]).view(dw.dtype))
-            e["dW"] = out
+            ids = xp.ascontiguousarray(got[:, width:]).view(xp.int64).ravel()
+            incoming = xp.ascontiguousarray(got[:, :width]).view(dw.dtype)
+            dw[:rows] = 0                       # this rank's own rows arrive in `got` with the others'
+            for k in range(st.group_size):
+                part = slice(k * rows, (k + 1) * rows)
+                dw[ids[part]] += incoming[part]
         return Item(st, run)
 
 

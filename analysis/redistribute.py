@@ -60,12 +60,20 @@ class Step:
     def is_comm(self) -> bool:
         return self.op in COLLECTIVES
 
+    @property
+    def sparse(self) -> bool:
+        """A partial sum exchanged as an allgather: touched rows and their indices (layers.Embedding)."""
+        return self.op == "allgather" and self.src[self.axis] == P
+
     @cached_property
     def copies(self) -> tuple[int, ...]:
         """Elements of each local layout copy that executing the step makes (analysis.harness_exec): blocks cut
-        or joined along a dim other than the outermost, a slice of an inner dim, a partial's zero-filled output."""
+        or joined along a dim other than the outermost, a slice of an inner dim, a partial's zero-filled output;
+        a sparse exchange packs its rows, unpacks what arrives, and adds it in (read, gather and scatter)."""
         outer = lambda dim: dim in (None, 0)  # noqa: E731
         n_in, n_out = math.prod(self.in_shape), math.prod(self.out_shape)
+        if self.sparse:
+            return (n_in, n_out, n_out, n_out)
         cut = self.op in ("reduce_scatter", "alltoall") and not outer(self.scatter_dim)
         join = self.op in ("allgather", "alltoall") and not outer(self.gather_dim)
         local = ((self.op == "slice" and not outer(self.scatter_dim))

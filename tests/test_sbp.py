@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.layers import Elementwise, Linear, Strategy
+from analysis.layers import Elementwise, Embedding, Linear, Strategy
 from analysis.mesh import Mesh, parse_mesh
 from analysis.redistribute import adjoint, apply_step, plan
 from analysis.sbp import B, P, S, local_slices, parse_signature
@@ -283,6 +283,12 @@ def test_layout_copies_are_the_ones_the_harness_makes_and_are_priced_where_it_me
     comm_s, compute_s = copying.price([inner, local])
     assert comm_s[0] == pytest.approx(copying.step_seconds(inner[0])) and compute_s[0] == 0
     assert comm_s[1] == 0 and compute_s[1] == pytest.approx(2e-6 + 2 * 64 * 32 * ISZ / 1e9)
+    emb = Embedding("emb", ISZ, vocab=256, dim=16, tokens=64, density=0.25)
+    dag = next(s for s in emb.strategies(mesh) if s.choices == ("dag", "dag"))
+    sparse = [st for st in emb.schedule(dag, mesh).backward if getattr(st, "op", "") == "allgather"]
+    assert sparse and all(st.sparse for st in sparse) and not inner[0].sparse
+    rows = sparse[0].in_shape[0]   # packed rows, what arrives from the group (twice: unpacked and added in)
+    assert sparse[0].copies == (rows * 16, 2 * rows * 16, 2 * rows * 16, 2 * rows * 16)
     act = Elementwise("act", ISZ, 64, 64)
     fwd = act.schedule(act.strategies(mesh)[0], mesh).forward
     computes = [c for c in fwd if hasattr(c, "flops")]
