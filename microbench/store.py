@@ -39,6 +39,9 @@ class RunStore:
         finished."""
         return {f.stem: int(json.loads(f.read_text()).get("rounds", 1 << 30)) for f in self.points.glob("*.json")}
 
+    def has_point(self, point_id: str) -> bool:
+        return (self.points / f"{point_id}.json").is_file()
+
     def read_point(self, point_id: str) -> tuple[np.ndarray, np.ndarray, int]:
         """A point's samples, the round of each, and its wrong-element count, to pool a resumed visit with."""
         record = json.loads((self.points / f"{point_id}.json").read_text())

@@ -105,7 +105,8 @@ def check_memory(points: list[PlannedPoint], per_rank_bytes: int) -> None:
 
 @dataclass(frozen=True)
 class Pooled:
-    """One point's visits so far (rank 0's view): every sample, the round it was taken in, wrong elements.
+    """One point's visits so far (rank 0 reads them back from the run directory; the whole sweep's samples need
+    not fit in memory): every sample, the round it was taken in, wrong elements.
     A point's median comes from several passes over the sweep because this machine's speed drifts over
     seconds: one contiguous window gives a tight CI around a median that another window does not reproduce."""
 
@@ -197,7 +198,6 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
         progress = Progress(len(points) * cfg.rounds, sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points))
         progress.header()
     wrong = 0
-    pooled: dict[str, Pooled] = {}           # rank 0: the visits of every point touched by this job
     unmet: set[str] = set()                  # rank 0: points whose pooled result misses the target
 
     def measure(pt: PlannedPoint, retry: str) -> None:
@@ -213,12 +213,11 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
                                               ctrl)
             if world.rank == 0:
                 pid = pt.key.point_id
-                if pid not in pooled:
-                    pooled[pid] = Pooled(*store.read_point(pid)) if done.get(pid) else Pooled()
-                pooled[pid] = pooled[pid].add(m)
-                s = summarize(run_id, pt, m, pooled[pid], cfg.rule, timer.path)
+                earlier = Pooled(*store.read_point(pid)) if store.has_point(pid) else Pooled()
+                pooled = earlier.add(m)
+                s = summarize(run_id, pt, m, pooled, cfg.rule, timer.path)
                 wrong += m.wrong
-                store.write_point(s, pooled[pid].samples, pooled[pid].rounds)
+                store.write_point(s, pooled.samples, pooled.rounds)
                 (unmet.discard if s.target_met else unmet.add)(pid)
                 progress.row(s, retry)
         _idle_until(world.Ibarrier())
