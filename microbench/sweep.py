@@ -185,8 +185,8 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
                timer: Any, store: Any, backend: Any) -> int:
     """Visit every planned point cfg.rounds times, in passes over the plan (each visit with its share of the point
     budget), pooling the samples; `done` holds the visits already on disk. Then visit again (up to cfg.retries
-    times, at the end) the points whose pooled CI missed the target. Every visit is on
-    disk before the next starts. Returns the number of wrong elements seen."""
+    times, at the end) the points whose pooled CI missed the target. Every visit is on disk before the next
+    starts. Returns the number of wrong elements seen."""
     comms: dict[tuple[str, int, int], tuple[MPI.Comm, MPI.Comm]] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
         k = (pt.group.link, pt.group.procs, len(pt.groups))
@@ -195,7 +195,8 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
     rule = cfg.rule.visit(cfg.rounds)
     progress = None
     if world.rank == 0:
-        progress = Progress(len(points) * cfg.rounds, sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points))
+        skipped = sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points)
+        progress = Progress(len(points) * cfg.rounds, skipped)
         progress.header()
     wrong = 0
     unmet: set[str] = set()                  # rank 0: points whose pooled result misses the target
