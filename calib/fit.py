@@ -23,7 +23,7 @@ from microbench.ops import LOCAL_OPS
 class FitOptions:
     method: str = "wls"                # "wls" (weights 1/t^2) or "huber" (robust RLM, slower)
     folds: int = 5
-    max_segments: int = 3
+    max_segments: int = 5
     min_sizes: int = 4                 # distinct sizes per segment, at least
     target_median_abs_rel_err_ge_4KiB: float = 0.05
     target_median_abs_rel_err: float = 0.15

@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=("wls", "huber"), default="wls",
                    help="wls: weighted least squares for relative error (default); huber: robust RLM, resists bad points")
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out check over sizes (default 5)")
-    p.add_argument("--max-segments", type=int, default=3,
-                   help="most size segments (protocol or algorithm switches) per model (default 3)")
+    p.add_argument("--max-segments", type=int, default=5,
+                   help="most size segments (protocol or algorithm switches) per model (default 5)")
     p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), help="backend to fit when runs mix several")
     p.add_argument("--quiet", action="store_true", help="print warnings only")
 
