@@ -12,7 +12,7 @@ import numpy as np
 from analysis.harness_exec import Program, Runner
 from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from analysis.sbp import P, local_slices
-from microbench.stats import Estimate, StopRule, estimate, round_spread
+from microbench.stats import Estimate, StopRule, estimate, pooled_estimate, round_spread
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
 """Largest accepted max |got - reference| / max |reference| per output."""
@@ -116,9 +116,13 @@ class Bench:
     def timed(self, rule: StopRule) -> Timed:
         """The pooled visits: totals, communication and compute, each item's median, the target, the spread."""
         comm = np.array([it.is_comm for it in self.prog.items], dtype=bool)
-        rows = np.concatenate(self.visits)
-        est = estimate(rows.sum(axis=1))
+
+        def pooled(cols: np.ndarray) -> Estimate:
+            """The pooled estimate of the sum of these items' columns, every visit weighing the same."""
+            return pooled_estimate([v[:, cols].sum(axis=1) for v in self.visits])
+
+        est = pooled(np.ones_like(comm))
+        items = tuple(pooled(np.arange(len(comm)) == i).median for i in range(len(comm)))
         spread = round_spread([v.sum(axis=1) for v in self.visits])
-        return Timed(est, estimate(rows[:, comm].sum(axis=1)), estimate(rows[:, ~comm].sum(axis=1)),
-                     tuple(float(v) for v in np.median(rows, axis=0)), rule.met(est), self.max_rel_err,
-                     len(self.visits), spread)
+        return Timed(est, pooled(comm), pooled(~comm), items, rule.met(est), self.max_rel_err, len(self.visits),
+                     spread)

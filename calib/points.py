@@ -1,5 +1,6 @@
 """Reading sweep runs for the fit: every point's summary row joined with the median of its samples
-(robust to outlying iterations), plus each run's provenance. Reads through microbench.records only."""
+(robust to outlying iterations; every visit weighing the same), plus each run's provenance. Reads through
+microbench.records only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 from microbench import records
 from microbench.errors import UsageError
 from microbench.ops import LOCAL_OPS
+from microbench.stats import pooled_estimate
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
          "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
@@ -46,24 +48,48 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "versions": {str(k): str(v) for k, v in versions.items()}}
 
 
+def _pooled_medians(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
+    """Per point (index: names[code]): `seconds`, the median of its samples with every visit (round) weighing
+    the same, as the sweep's summary has it, and `n_samples`. Runs store samples by point and round already;
+    sorting happens only where they are not."""
+    key = (codes.astype(np.int64) << 32) | rounds.astype(np.int64)
+    if len(key) > 1 and (key[1:] < key[:-1]).any():
+        order = np.argsort(key, kind="stable")
+        key, seconds = key[order], seconds[order]
+        del order
+    visit_starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    point_of_visit = key[visit_starts] >> 32
+    new_point = np.r_[True, point_of_visit[1:] != point_of_visit[:-1]]
+    visits = np.split(seconds, visit_starts[1:])
+    per_point = np.split(np.arange(len(visit_starts)), np.flatnonzero(new_point)[1:])
+    medians = [pooled_estimate([visits[v] for v in vs]).median for vs in per_point]
+    sizes = np.diff(np.r_[visit_starts[new_point], len(key)])
+    return pd.DataFrame({"seconds": medians, "n_samples": sizes},
+                        index=pd.Index(names[point_of_visit[new_point]], dtype=str))
+
+
 def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     meta = records.read_run_json(run_dir)
     summary = records.load_summary(run_dir)
     try:
-        samples = records.load_samples(run_dir, columns=["point_id", "time_s"])
+        samples = records.load_samples(run_dir, columns=["point_id", "time_s", "round"])
     except UsageError as exc:
         raise UsageError(f"{run_dir}: no samples to fit ({exc})") from None
     missing = [c for c in _KEEP if c not in summary.columns] + \
-              [c for c in ("point_id", "time_s") if c not in samples.columns]
+              [c for c in ("point_id", "time_s", "round") if c not in samples.columns]
     if missing:
         raise UsageError(f"{run_dir}: run files lack column {missing[0]!r}")
     if samples.empty:
         raise UsageError(f"{run_dir}: run holds no samples")
     times = pd.to_numeric(samples["time_s"], errors="coerce")
-    good = np.isfinite(times) & (times > 0)
-    stats = times[good].groupby(samples["point_id"][good], sort=False, observed=True).agg(["median", "size"])
-    stats.index = stats.index.astype(str)
-    stats.columns = ["seconds", "n_samples"]
+    good = (np.isfinite(times) & (times > 0)).to_numpy()
+    ids = samples["point_id"].astype("category")
+    columns = [ids.cat.codes.to_numpy(), samples["round"].to_numpy(), times.to_numpy()]
+    del samples, times
+    if not good.all():
+        columns = [c[good] for c in columns]
+    codes, rounds, seconds = columns
+    stats = _pooled_medians(codes, ids.cat.categories.astype(str), rounds, seconds)
     pts = summary.loc[:, list(_KEEP)].copy()
     pts["point_id"] = pts["point_id"].astype(str)
     pts = pts.join(stats, on="point_id", how="inner")

@@ -177,9 +177,14 @@ def load_samples(run_dir: str | Path, columns: list[str] | None = None) -> pd.Da
 
 def _with_round(path: Path, columns: list[str] | None) -> pd.DataFrame:
     """Read samples, giving files written before rounds their round column (0)."""
-    if columns is not None and "round" not in columns:
-        return _read_parquet(path, columns, categorical=True)
-    frame = _read_parquet(path, None, categorical=True)
-    if "round" not in frame:
+    wanted = list(SAMPLE_COLUMNS if columns is None else columns)
+    if "round" not in wanted:
+        return _read_parquet(path, wanted, categorical=True)
+    try:
+        has_round = "round" in pq.read_schema(path).names
+    except Exception:  # the read below names the corrupt file
+        has_round = True
+    frame = _read_parquet(path, wanted if has_round else [c for c in wanted if c != "round"], categorical=True)
+    if not has_round:
         frame["round"] = 0
-    return frame[list(SAMPLE_COLUMNS if columns is None else columns)]
+    return frame[wanted]

@@ -61,6 +61,36 @@ def estimate(samples: np.ndarray, confidence: float = 0.95) -> Estimate:
     return Estimate(n, float(np.median(x)), lo, hi, float(x[0]), float(np.percentile(x, 95)), float(x.mean()))
 
 
+def _weighted_quantile(x: np.ndarray, cum: np.ndarray, q: float, between: bool = False) -> float:
+    """The first of sorted x whose cumulative weight (cum, ending at 1) reaches q; with `between`, where it lands
+    exactly on q, the mean of that value and the next, as np.median does for equal weights."""
+    i = min(int(np.searchsorted(cum, q - 1e-12)), len(x) - 1)
+    if between and abs(cum[i] - q) <= 1e-12 and i + 1 < len(x):
+        return float((x[i] + x[i + 1]) / 2)
+    return float(x[i])
+
+
+def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estimate:
+    """The estimate of several visits' samples with every visit weighing the same (a visit in a disturbed
+    window often runs longest and takes most samples; plain pooling would let it set the median). The CI
+    is the order-statistic one at Kish's effective sample size. One visit: exactly estimate()."""
+    visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
+    if len(visits) <= 1:
+        return estimate(visits[0] if visits else np.empty(0), confidence)
+    x = np.concatenate(visits)
+    w = np.concatenate([np.full(len(v), 1.0 / (len(visits) * len(v))) for v in visits])
+    order = np.argsort(x, kind="stable")
+    x, cum = x[order], np.cumsum(w[order])
+    cum /= cum[-1]
+    n_eff = int(len(visits) ** 2 / sum(1.0 / len(v) for v in visits) + 1e-9)
+    ranks = median_ci_ranks(n_eff, confidence)
+    lo = hi = float("nan")
+    if ranks:
+        lo, hi = (_weighted_quantile(x, cum, (r + 1) / n_eff) for r in ranks)
+    return Estimate(len(x), _weighted_quantile(x, cum, 0.5, between=True), lo, hi, float(x[0]), _weighted_quantile(x, cum, 0.95),
+                    float(np.mean([v.mean() for v in visits])))
+
+
 @dataclass(frozen=True)
 class StopRule:
     """Repeat until the median's 95% CI is within +-target_ci, or until the point's time budget runs
@@ -101,8 +131,8 @@ class StopRule:
 
 
 def round_spread(visits: list[np.ndarray]) -> float:
-    """Half the range of the visits' medians, relative to the median of all their samples: the drift between
-    time windows that the CI of the pooled samples cannot see (0 for one visit)."""
-    median = float(np.median(np.concatenate(visits)))
+    """Half the range of the visits' medians, relative to their pooled median: the drift between time windows
+    that the CI of the pooled samples cannot see (0 for one visit)."""
+    median = pooled_estimate(visits).median
     medians = [float(np.median(v)) for v in visits]
     return (max(medians) - min(medians)) / 2 / median if median > 0 else float("inf")

@@ -16,7 +16,7 @@ from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
 from microbench.records import PointKey, PointSummary
 from microbench.sizes import format_size
-from microbench.stats import StopRule, estimate, round_spread
+from microbench.stats import StopRule, pooled_estimate, round_spread
 from microbench.topology import Group, group_for, groups_per_node, tiles
 
 
@@ -124,14 +124,15 @@ class Pooled:
     def visits(self) -> int:
         return len(np.unique(self.rounds))
 
-    def spread(self) -> float:
-        return round_spread([self.samples[self.rounds == r] for r in np.unique(self.rounds)])
+    def per_visit(self) -> list[np.ndarray]:
+        return [self.samples[self.rounds == r] for r in np.unique(self.rounds)]
 
 
 def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pooled, rule: StopRule,
               timing_path: str) -> PointSummary:
     """The record of a point's pooled visits (`m` is the latest)."""
-    est, lay, p, spread = estimate(pooled.samples), pt.layout, pt.group.procs, pooled.spread()
+    visits = pooled.per_visit()
+    est, lay, p, spread = pooled_estimate(visits), pt.layout, pt.group.procs, round_spread(visits)
     algbw = lay.size_bytes / est.median if est.median > 0 else 0.0
     return PointSummary(
         run_id=run_id, point_id=pt.key.point_id, backend=pt.key.backend, op=pt.op.name, link=pt.group.link,
@@ -184,9 +185,9 @@ class Progress:
 def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int], cfg: SweepConfig, run_id: str,
                timer: Any, store: Any, backend: Any) -> int:
     """Visit every planned point cfg.rounds times, in passes over the plan (each visit with its share of the point
-    budget), pooling the samples; `done` holds the visits already on disk. Then visit again (up to cfg.retries
-    times, at the end) the points whose pooled CI missed the target. Every visit is on disk before the next
-    starts. Returns the number of wrong elements seen."""
+    budget), pooling the samples and checking results before the first visit and after the last; `done` holds
+    the visits already on disk. Then visit again (up to cfg.retries times, at the end) the points whose pooled CI
+    missed the target. Every visit is on disk before the next starts. Returns the number of wrong elements seen."""
     comms: dict[tuple[str, int, int], tuple[MPI.Comm, MPI.Comm]] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
         k = (pt.group.link, pt.group.procs, len(pt.groups))
@@ -201,7 +202,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
     wrong = 0
     unmet: set[str] = set()                  # rank 0: points whose pooled result misses the target
 
-    def measure(pt: PlannedPoint, retry: str) -> None:
+    def measure(pt: PlannedPoint, retry: str, checks: tuple[bool, bool]) -> None:
         nonlocal wrong
         comm, ctrl = comms[(pt.group.link, pt.group.procs, len(pt.groups))]
         if comm != MPI.COMM_NULL:
@@ -211,7 +212,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,
-                                              ctrl)
+                                              ctrl, checks)
             if world.rank == 0:
                 pid = pt.key.point_id
                 earlier = Pooled(*store.read_point(pid)) if store.has_point(pid) else Pooled()
@@ -226,12 +227,12 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
     for rnd in range(cfg.rounds):
         for pt in points:
             if done.get(pt.key.point_id, 0) <= rnd:
-                measure(pt, "")
+                measure(pt, "", (rnd == 0, rnd == cfg.rounds - 1))
     for attempt in range(1, cfg.retries + 1):
         again = world.bcast(unmet if world.rank == 0 else None, root=0)
         for pt in points:
             if pt.key.point_id in again:
-                measure(pt, f"retry {attempt}")
+                measure(pt, f"retry {attempt}", (False, True))
     for pair in comms.values():
         for comm in {id(c): c for c in pair}.values():
             if comm != MPI.COMM_NULL:

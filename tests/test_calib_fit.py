@@ -143,3 +143,24 @@ def test_predictions_of_a_fit_follow_the_data(fitted):
     pred = cal.predict("allreduce", "inter", 16, 1e6)
     assert pred.extrapolated and "procs 16 not measured" in pred.note
     assert pred.low_s < pred.seconds < pred.high_s
+
+
+def test_a_slow_visit_with_many_samples_does_not_set_a_points_median(tmp_path):
+    """Samples in rounds: one point gets a first visit in a disturbed window (3x slower, 40 samples) and two quick
+    visits; the fit sees the median with every visit weighing the same, as the sweep's summary does."""
+    import pandas as pd
+
+    run = write_synthetic_run(tmp_path / "run", {("allreduce", "intra"): (4e-6, 3e-10)}, {"intra": [2]}, samples=10,
+                              noise=0.0)
+    samples = pd.read_parquet(run / "samples.parquet")
+    pid = str(samples["point_id"].iloc[0])
+    base = float(samples.loc[samples["point_id"] == pid, "time_s"].median())
+    slow = pd.DataFrame({"run_id": samples["run_id"].iloc[0], "point_id": pid, "iteration": range(40),
+                         "time_s": 3 * base, "round": 0})
+    quick = samples[samples["point_id"] == pid].assign(round=lambda f: np.arange(len(f)) % 2 + 1)
+    rest = samples[samples["point_id"] != pid].assign(round=0)
+    pd.concat([slow, quick, rest], ignore_index=True).astype({"point_id": str, "run_id": str}).to_parquet(
+        run / "samples.parquet")
+    pts = load_runs([str(run)]).points.set_index("point_id")
+    assert pts.loc[pid, "n_samples"] == 50
+    assert pts.loc[pid, "seconds"] == pytest.approx(base)          # plain pooling: 3 * base

@@ -10,7 +10,7 @@ import pytest
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
-from microbench.stats import StopRule, estimate, median_ci_ranks, round_spread
+from microbench.stats import StopRule, estimate, median_ci_ranks, pooled_estimate, round_spread
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
@@ -109,6 +109,25 @@ def test_round_spread_is_half_the_range_of_visit_medians_relative_to_the_pooled_
     # medians 2, 4, 2.5; pooled median of 1,2,2,2.5,3,3,4,5,9 is 3
     assert round_spread(visits) == pytest.approx((4 - 2) / 2 / 3)
     assert round_spread([np.array([1.0, 5.0, 7.0])]) == 0.0
+
+
+def test_pooled_estimate_weighs_every_visit_the_same():
+    """A long visit in a slow window must not set the median: 9 samples at 10 s against two visits of 3."""
+    visits = [np.full(9, 10.0), np.array([1.0, 1.0, 1.0]), np.array([2.0, 2.0, 2.0])]
+    est = pooled_estimate(visits)
+    # weights 1/27 each for the slow visit, 1/9 for the others: cumulative 1/3 after the 1s, 2/3 after the 2s
+    assert (est.samples, est.median, est.min, est.mean) == (15, 2.0, 1.0, pytest.approx(13 / 3))
+    assert estimate(np.concatenate(visits)).median == 10.0      # what plain pooling would say
+    assert est.ci_low <= est.median <= est.ci_high
+
+
+def test_pooled_estimate_reduces_to_the_plain_estimate_for_one_visit_or_equal_visits():
+    rng = np.random.default_rng(3)
+    one = rng.lognormal(size=41)
+    assert pooled_estimate([one]) == estimate(one)
+    equal = [rng.lognormal(size=20) for _ in range(3)]
+    got, want = pooled_estimate(equal), estimate(np.concatenate(equal))
+    assert (got.median, got.ci_low, got.ci_high) == pytest.approx((want.median, want.ci_low, want.ci_high))
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8, 64])
