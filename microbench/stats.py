@@ -87,7 +87,8 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
     lo = hi = float("nan")
     if ranks:
         lo, hi = (_weighted_quantile(x, cum, (r + 1) / n_eff) for r in ranks)
-    return Estimate(len(x), _weighted_quantile(x, cum, 0.5, between=True), lo, hi, float(x[0]), _weighted_quantile(x, cum, 0.95),
+    median, p95 = _weighted_quantile(x, cum, 0.5, between=True), _weighted_quantile(x, cum, 0.95)
+    return Estimate(len(x), median, lo, hi, float(x[0]), p95,
                     float(np.mean([v.mean() for v in visits])))
 
 
