@@ -123,6 +123,6 @@ class Bench:
 
         est = pooled(np.ones_like(comm))
         items = tuple(pooled(np.arange(len(comm)) == i).median for i in range(len(comm)))
-        spread = round_spread([v.sum(axis=1) for v in self.visits])
+        spread = round_spread([v.sum(axis=1) for v in self.visits], est.median)
         return Timed(est, pooled(comm), pooled(~comm), items, rule.met(est), self.max_rel_err, len(self.visits),
                      spread)

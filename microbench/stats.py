@@ -131,9 +131,8 @@ class StopRule:
         return max(1, min(want, self.max_samples - have, 100_000))
 
 
-def round_spread(visits: list[np.ndarray]) -> float:
-    """Half the range of the visits' medians, relative to their pooled median: the drift between time windows
-    that the CI of the pooled samples cannot see (0 for one visit)."""
-    median = pooled_estimate(visits).median
+def round_spread(visits: list[np.ndarray], median: float) -> float:
+    """Half the range of the visits' medians, relative to their pooled median (pooled_estimate's): the drift
+    between time windows that the CI of the pooled samples cannot see (0 for one visit)."""
     medians = [float(np.median(v)) for v in visits]
     return (max(medians) - min(medians)) / 2 / median if median > 0 else float("inf")

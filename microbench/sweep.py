@@ -132,7 +132,7 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pool
               timing_path: str) -> PointSummary:
     """The record of a point's pooled visits (`m` is the latest)."""
     visits = pooled.per_visit()
-    est, lay, p, spread = pooled_estimate(visits), pt.layout, pt.group.procs, round_spread(visits)
+    est, lay, p = pooled_estimate(visits), pt.layout, pt.group.procs
     algbw = lay.size_bytes / est.median if est.median > 0 else 0.0
     return PointSummary(
         run_id=run_id, point_id=pt.key.point_id, backend=pt.key.backend, op=pt.op.name, link=pt.group.link,
@@ -144,7 +144,8 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pool
         mean_s=est.mean, target_ci=rule.target_ci, target_met=rule.met(est), algbw_Bps=algbw,
         busbw_Bps=algbw * pt.op.bus_factor(p), wrong=pooled.wrong, flops=m.flops,
         flops_per_s=m.flops / est.median if m.flops and est.median > 0 else 0.0,
-        groups=len(pt.groups), groups_per_node=pt.groups_per_node, rounds=pooled.visits, round_spread=spread)
+        groups=len(pt.groups), groups_per_node=pt.groups_per_node, rounds=pooled.visits,
+        round_spread=round_spread(visits, est.median))
 
 
 def _idle_until(req: MPI.Request) -> None:

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--point-budget", type=float, help="seconds per point before giving up on the CI target (default 1.0)")
     p.add_argument("--retries", type=int, default=1,
                    help="measure points whose CI missed the target again at the end of the sweep, up to this many "
-                        "times, keeping the attempt with the tighter CI (default 1; 0 turns it off)")
+                        "times, pooling each extra visit with the others (default 1; 0 turns it off)")
     p.add_argument("--rounds", type=int,
                    help="visit every point this many times, in passes over the whole sweep, each with its share of "
                         "the point budget, and pool the samples (default 3): one contiguous window on a shared "
@@ -167,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
-              f"{world.size} ranks on "
-              f"{len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}", flush=True)
+              f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}", flush=True)
     else:
         run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)

@@ -107,8 +107,8 @@ def test_a_visit_takes_its_share_of_budget_and_samples_and_the_visits_reach_the_
 def test_round_spread_is_half_the_range_of_visit_medians_relative_to_the_pooled_median():
     visits = [np.array([1.0, 2.0, 3.0]), np.array([3.0, 4.0, 5.0]), np.array([2.0, 2.5, 9.0])]
     # medians 2, 4, 2.5; pooled median of 1,2,2,2.5,3,3,4,5,9 is 3
-    assert round_spread(visits) == pytest.approx((4 - 2) / 2 / 3)
-    assert round_spread([np.array([1.0, 5.0, 7.0])]) == 0.0
+    assert round_spread(visits, pooled_estimate(visits).median) == pytest.approx((4 - 2) / 2 / 3)
+    assert round_spread([np.array([1.0, 5.0, 7.0])], 5.0) == 0.0
 
 
 def test_pooled_estimate_weighs_every_visit_the_same():
