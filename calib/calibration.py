@@ -18,10 +18,11 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 3
-READS = (1, 2, 3)
+VERSION = 4
+READS = (1, 2, 3, 4)
 """Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time); 3 added
-the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost)."""
+the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost);
+4 added provenance.runs[].cache, whether the sweep's buffers were cold or warm (absent: warm)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

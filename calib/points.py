@@ -45,7 +45,8 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
     return {"run_id": run_id, "dir": str(run_dir), "date": text("start_time", "started_utc", "date"),
             "machine": text("machine", "hostname"), "hosts": [str(h) for h in hosts],
             "mpi_library": text("mpi_library_version", "mpi_library"),
-            "versions": {str(k): str(v) for k, v in versions.items()}}
+            "versions": {str(k): str(v) for k, v in versions.items()},
+            "cache": str(meta.get("options", {}).get("cache", "warm"))}
 
 
 def _pooled_medians(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
@@ -117,6 +118,9 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
         frames.append(pts)
         runs.append(prov)
         dropped += why
+    caches = sorted({r["cache"] for r in runs})
+    if len(caches) > 1:
+        raise UsageError(f"runs mix {' and '.join(caches)} buffers (sweep --cache); fit them separately")
     points = pd.concat(frames, ignore_index=True)
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:

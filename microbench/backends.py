@@ -226,10 +226,11 @@ class NcclTimer:
     def __init__(self, backend: NcclBackend) -> None:
         self.b = backend
 
-    def run(self, op, comm, send, recv, lay, dtype: str, iters: int) -> np.ndarray:
+    def run(self, op, comm, slots, first: int, lay, dtype: str, iters: int) -> np.ndarray:
         cupy, stream = self.b.cupy, self.b.stream
         pairs = []
-        for _ in range(iters):
+        for i in range(iters):
+            send, recv = slots.pair(first + i)
             stream.synchronize()
             comm.Barrier()
             start, end = cupy.cuda.Event(), cupy.cuda.Event()

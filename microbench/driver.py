@@ -14,16 +14,11 @@ import numpy as np
 from mpi4py import MPI
 
 from microbench import cloop
+from microbench.buffers import Pool, Slots, address
 from microbench.ops import Layout, Op, gemm_flops, gemm_wrong, numpy_dtype
 from microbench.stats import Estimate, StopRule, estimate
 
 MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE}
-
-
-def address(arr: Any) -> int:
-    """Raw pointer of a numpy or cupy array (device pointers go to a CUDA-aware MPI as they are)."""
-    data = getattr(arr, "data", None)
-    return int(data.ptr) if hasattr(data, "ptr") else int(arr.ctypes.data)
 
 
 class PythonTimer:
@@ -31,10 +26,12 @@ class PythonTimer:
 
     path = "python"
 
-    def run(self, op: Op, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int) -> np.ndarray:
+    def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
+            iters: int) -> np.ndarray:
         out = np.empty(iters)
         barrier, wtime, call = comm.Barrier, MPI.Wtime, op.invoke
         for i in range(iters):
+            send, recv = slots.pair(first + i)
             barrier()
             t0 = wtime()
             call(comm, send, recv)
@@ -50,10 +47,11 @@ class CompiledTimer:
     def __init__(self, fn) -> None:
         self._fn = fn
 
-    def run(self, op: Op, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int) -> np.ndarray:
+    def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
+            iters: int) -> np.ndarray:
         out = np.empty(iters)
-        rc = self._fn(op.c_code, comm.py2f(), address(send), address(recv), lay.send_count, lay.block,
-                      MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters,
+        rc = self._fn(op.c_code, comm.py2f(), address(slots.send), address(slots.recv), lay.send_count, lay.block,
+                      MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters, first, slots.count, slots.stride,
                       out.ctypes.data_as(cloop.ctypes.POINTER(cloop.ctypes.c_double)))
         if rc != 0:
             raise RuntimeError(f"MPI error {rc} in the compiled loop ({op.name})")
@@ -132,21 +130,25 @@ def _sample(batch: Callable[[int], tuple[np.ndarray, float]], rule: StopRule) ->
 
 def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,
                        backend: Any, in_place: bool = False, ctrl: MPI.Comm | None = None,
-                       checks: tuple[bool, bool] = (True, True)) -> Measurement:
+                       checks: tuple[bool, bool] = (True, True), pool: Pool | None = None) -> Measurement:
     """Measure one operation at one layout on `comm` (every member calls this). `ctrl` spans every group
     measured at once (default: comm alone): iteration times are the max over all of them, and since every
     rank then sees the same numbers, all groups take the same stopping decisions and stay in step.
     `checks` says whether to check the result before and after timing (a point timed in several visits
-    checks before its first and after its last)."""
+    checks before its first and after its last). With a `pool`, iterations rotate through cold buffers."""
     ctrl = comm if ctrl is None else ctrl
     wrong = _count_wrong(op, backend, comm, lay, dtype, in_place) if checks[0] else 0
     send, recv = op.fill(backend.xp, lay, dtype, comm.rank, comm.size, in_place)
+    slots = pool.slots(send, recv, in_place) if pool is not None else Slots(send, recv)
     backend.sync()
     scale = 0.5 if op.name == "pingpong" else 1.0   # pingpong reports half the round trip
+    turn = 0
 
     def batch(iters: int) -> tuple[np.ndarray, float]:
+        nonlocal turn
         t0 = time.perf_counter()
-        local = timer.run(op, comm, send, recv, lay, dtype, iters)
+        local = timer.run(op, comm, slots, turn, lay, dtype, iters)
+        turn += iters
         buf = np.append(local, time.perf_counter() - t0)
         ctrl.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
         return buf[:-1] * scale, float(buf[-1])

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from microbench import driver
+from microbench.buffers import POOL_BYTES, Pool
 from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
 from microbench.records import PointKey, PointSummary
@@ -34,6 +35,7 @@ class SweepConfig:
     retries: int = 1
     concurrent: bool = False
     rounds: int = 3
+    cache: str = "cold"
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,12 @@ def available_memory_bytes() -> int:
     return 1 << 62
 
 
-def check_memory(points: list[PlannedPoint], per_rank_bytes: int) -> None:
-    """Refuse, before allocating anything, sizes whose buffers (send, receive, and the check's
-    expected copy) cannot fit in this rank's share of the node's available memory."""
+def check_memory(points: list[PlannedPoint], per_rank_bytes: int, cache: str = "cold") -> None:
+    """Refuse, before allocating anything, sizes whose buffers (send, receive, the check's expected copy
+    and, for cold buffers, the pool) cannot fit in this rank's share of the node's available memory."""
+    pool = POOL_BYTES if cache == "cold" else 0
     for pt in points:
-        need = pt.layout.buffer_bytes + pt.layout.recv_count * pt.layout.itemsize
+        need = pt.layout.buffer_bytes + pt.layout.recv_count * pt.layout.itemsize + pool
         if need > per_rank_bytes:
             raise UsageError(f"size {format_size(pt.key.requested_bytes)} for {pt.op.name} needs {format_size(need)}B "
                              f"per rank but only {format_size(per_rank_bytes)}B is available per rank")
@@ -195,6 +198,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
         if k not in comms:
             comms[k] = _split(world, pt.groups)
     rule = cfg.rule.visit(cfg.rounds)
+    pool = Pool(backend.xp) if cfg.cache == "cold" else None
     progress = None
     if world.rank == 0:
         skipped = sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points)
@@ -213,7 +217,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,
-                                              ctrl, checks)
+                                              ctrl, checks, pool)
             if world.rank == 0:
                 pid = pt.key.point_id
                 earlier = Pooled(*store.read_point(pid)) if store.has_point(pid) else Pooled()

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from microbench.buffers import CACHE_MODES
 from microbench.errors import UsageError
 from microbench.ops import parse_ops
 from microbench.sizes import parse_sizes
@@ -47,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-policy", choices=PAGE_POLICIES, default="nohugepage",
                    help="huge pages for numpy buffers (default nohugepage: buffers like a C program's malloc, "
                         "so figures compare with OSU/IMB; hugepage is what numpy-based applications get)")
+    p.add_argument("--cache", choices=CACHE_MODES, default="cold",
+                   help="cold (default): iterations rotate through copies of their buffers spanning 64 MiB, so each "
+                        "call finds them out of cache, as a collective between compute steps does; warm: one pair "
+                        "reused, the back-to-back figure most benchmarks report")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
@@ -77,7 +82,7 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
-                       concurrent=args.concurrent, rounds=rounds,
+                       concurrent=args.concurrent, rounds=rounds, cache=args.cache,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -98,6 +103,14 @@ def check_world(world_size: int, expect: int | None) -> None:
     if tasks is not None and tasks != world_size:
         raise UsageError(f"MPI world has {world_size} ranks but Slurm started {tasks} tasks: the MPI library is not "
                          f"talking to Slurm's PMI (with Open MPI use srun --mpi=pmix, or mpirun in the allocation)")
+
+
+def check_resume(earlier: dict | None, cache: str) -> None:
+    """A resumed run keeps its buffers' cache mode (runs from before the choice reused warm buffers)."""
+    had = earlier.get("options", {}).get("cache", "warm") if earlier else cache
+    if had != cache:
+        raise UsageError(f"--resume: the run was measured with --cache {had}, not {cache}; its points would not "
+                         f"pool with these")
 
 
 def set_page_policy(policy: str) -> str:
@@ -134,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("nothing to measure: no link class in --links can be formed with these process counts")
     ranks_here = hosts.count(hosts[world.rank])
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
-    sweep.check_memory(points, per_rank)
+    sweep.check_memory(points, per_rank, cfg.cache)
 
     store = RunStore(args.out)
     error = None
@@ -142,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             earlier = store.prepare(args.resume)
             done = store.visits_done()
+            check_resume(earlier, cfg.cache)
         except UsageError as exc:
             error, earlier, done = str(exc), None, {}
     error = world.bcast(error, root=0)
@@ -160,14 +174,15 @@ def run(args: argparse.Namespace) -> int:
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
                          min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries,
                          rounds=cfg.rounds,
-                         concurrent=cfg.concurrent, quick=args.quick,
+                         concurrent=cfg.concurrent, quick=args.quick, cache=cfg.cache,
                          in_place=cfg.in_place))
         run_id = meta["run_id"]
         store.write_run(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
-              f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}", flush=True)
+              f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}, "
+              f"{cfg.cache} buffers", flush=True)
     else:
         run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)

@@ -1,10 +1,13 @@
 /* commcal's low-overhead timing loop: times `iters` calls of one operation, each between a
  * barrier (outside the timed region) and MPI_Wtime, into out[]. Handles arrive as Fortran
- * integers (mpi4py's py2f) so one source serves Open MPI and MPICH. Op codes: microbench/ops.py. */
+ * integers (mpi4py's py2f) so one source serves Open MPI and MPICH. Op codes: microbench/ops.py.
+ * Call i uses the buffers of slot (first + i) % slots, `stride` bytes past sbuf and rbuf per slot
+ * (microbench/buffers.py: cold buffers). */
 #include <mpi.h>
 
-int commcal_time(int op, MPI_Fint fcomm, void *sbuf, void *rbuf, int count, int block,
-                 MPI_Fint fdtype, MPI_Fint fsum, int iters, double *out)
+int commcal_time(int op, MPI_Fint fcomm, char *sbuf0, char *rbuf0, int count, int block,
+                 MPI_Fint fdtype, MPI_Fint fsum, int iters, long first, long slots, long stride,
+                 double *out)
 {
     MPI_Comm comm = MPI_Comm_f2c(fcomm);
     MPI_Datatype dt = MPI_Type_f2c(fdtype);
@@ -12,6 +15,8 @@ int commcal_time(int op, MPI_Fint fcomm, void *sbuf, void *rbuf, int count, int 
     int rank, rc = MPI_SUCCESS;
     MPI_Comm_rank(comm, &rank);
     for (int i = 0; i < iters && rc == MPI_SUCCESS; i++) {
+        long offset = ((first + i) % slots) * stride;
+        char *sbuf = sbuf0 + offset, *rbuf = rbuf0 + offset;
         MPI_Barrier(comm);
         double t0 = MPI_Wtime();
         switch (op) {

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from microbench.buffers import Pool, address
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
@@ -255,3 +256,23 @@ def test_pure_modules_do_not_import_mpi4py_or_cupy():
             "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cold_slots_are_page_aligned_copies_of_the_pair_filling_the_pool():
+    pool = Pool(np, 64 * 4096)
+    send, recv = np.arange(1500, dtype=np.float32), np.full(3000, 7.0, dtype=np.float32)
+    slots = pool.slots(send, recv)
+    assert slots.count == 64 // 5 and slots.stride == 5 * 4096     # 6000 + 12000 bytes round up to 5 pages
+    for i in (0, 5, slots.count - 1, slots.count + 2):
+        s, r = slots.pair(i)
+        assert address(s) % 4096 == 0 and address(s) - address(slots.send) == (i % slots.count) * slots.stride
+        assert address(r) - address(s) == 6016                        # recv after send, 64-byte aligned
+        assert (s == send).all() and (r == recv).all() and s.shape == send.shape
+    outer = np.zeros(40, dtype=np.float64)
+    inner = outer[8:18]
+    inner[:] = 3.0
+    s, r = pool.slots(inner, outer, in_place=True).pair(3)           # in place: send stays inside recv
+    assert address(s) - address(r) == 64 and (r[8:18] == 3.0).all() and r[7] == 0.0
+    big = np.ones(20 * 4096, dtype=np.float32)                       # two copies would not fit: the pair itself
+    one = pool.slots(big, big.copy())
+    assert one.count == 1 and one.pair(5)[0] is big

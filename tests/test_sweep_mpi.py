@@ -6,6 +6,8 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 
 import pandas as pd
@@ -59,6 +61,7 @@ def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
     assert meta["world_size"] == ranks and meta["timing_path"] in ("c", "python")
     assert meta["end_time"] and meta["mpi_library_version"] and meta["versions"]["mpi4py"]
     assert meta["page_policy"] == "nohugepage"
+    assert meta["options"]["cache"] == "cold"
     assert "OMPI_ALLOW_RUN_AS_ROOT" in meta["environment"]
     assert "allreduce" in proc.stdout and "done" in proc.stdout
 
@@ -69,6 +72,56 @@ def test_python_timing_path_is_recorded(tmp_path):
             check=True)
     assert read_run_json(out)["timing_path"] == "python"
     assert set(load_summary(out).timing_path) == {"python"}
+
+
+ROTATION = textwrap.dedent("""
+    import numpy as np
+    from mpi4py import MPI
+    from microbench import driver
+    from microbench.buffers import Pool
+    from microbench.ops import OPS, Layout
+
+    world = MPI.COMM_WORLD
+    op, n = OPS["allreduce"], 6
+    lay = Layout(n * 4, n * 4, n, n, n, 4)
+    bad = 0
+    for choice in ("c", "python"):
+        timer, note = driver.make_timer(world, choice)
+        send, recv = op.fill(np, lay, "float32", world.rank, world.size)
+        slots = Pool(np, 16 * 4096).slots(send, recv)
+        assert slots.count == 16 and slots.stride == 4096, (slots.count, slots.stride)
+        for i in range(slots.count):
+            slots.pair(i)[1][:] = 0
+        timer.run(op, world, slots, 11, lay, "float32", slots.count)   # starts at slot 11, wraps round
+        want = op.expected(np, lay, "float32", world.rank, world.size)
+        bad += sum(int((slots.pair(i)[1] != want).any()) for i in range(slots.count))
+    print("slots wrong", world.allreduce(bad))
+""")
+
+
+def test_timed_iterations_rotate_through_every_cold_slot(tmp_path):
+    script = tmp_path / "rotation.py"
+    script.write_text(ROTATION)
+    proc = subprocess.run([*mpiexec_argv(2), sys.executable, str(script)], env=mpi_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "slots wrong 0" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_cold_and_warm_runs_do_not_mix(tmp_path):
+    runs = {c: tmp_path / c for c in ("cold", "warm")}
+    for cache, out in runs.items():
+        run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8,64", "--cache", cache, *FAST],
+                check=True)
+        assert read_run_json(out)["options"]["cache"] == cache
+    resumed = run_mpi(2, ["sweep", "--out", str(runs["cold"]), "--ops", "pingpong", "--sizes", "8,64", "--resume",
+                          "--cache", "warm", *FAST])
+    assert resumed.returncode == 2 and "measured with --cache cold" in resumed.stderr, resumed.stderr
+    cal = tmp_path / "cal.json"
+    mixed = run_cli(["fit", *map(str, runs.values()), "--out", str(cal)])
+    assert mixed.returncode == 2 and "mix cold and warm buffers" in mixed.stderr, mixed.stderr
+    assert not cal.exists()
+    run_cli(["fit", str(runs["cold"]), "--out", str(cal)], check=True)
+    assert [r["cache"] for r in json.loads(cal.read_text())["provenance"]["runs"]] == ["cold"]
 
 
 def _visits(out) -> dict[str, tuple[int, int, int]]:
