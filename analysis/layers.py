@@ -286,7 +286,9 @@ class Embedding(Layer):
         table = _per_axis(s.choices, {"dar": B, "dag": B, "r": Split(0), "c": Split(1), "-": B})
         tl = self._local((self.vocab, self.dim), table, mesh)
         yl = self._local(self.out_shape, g.y, mesh)
-        fwd, bwd = [], [Compute("dW[ids] += dY", (yl,), tl, 0.0)]
+        # traffic: a lookup reads only the rows it gathers; the gradient is a zero-filled table into whose
+        # touched rows dY is added (read and written)
+        fwd, bwd = [], [Compute("dW[ids] += dY", (yl, yl), tl, 0.0)]
         density = self.density
         for axis, c in enumerate(s.choices):
             grp = mesh.axes[axis]
@@ -308,6 +310,6 @@ class Embedding(Layer):
                 bwd.append(Step(axis, "allgather", src, table, 0, None, grp.size, grp.link, (rows, tl[1]),
                                 (rows * grp.size, tl[1]), nbytes, nbytes * grp.size))
                 density = min(1.0, density * grp.size)
-        fwd.insert(0, Compute("Y = W[ids]", (tl,), yl, 0.0))
+        fwd.insert(0, Compute("Y = W[ids]", (yl,), yl, 0.0))
         mem = self.itemsize * ((2 + OPTIMIZER_STATES) * math.prod(tl) + math.prod(yl))
         return Schedule(s, tuple(fwd), tuple(bwd), mem)

@@ -288,6 +288,10 @@ def test_layout_copies_are_the_ones_the_harness_makes_and_are_priced_where_it_me
     dag = next(s for s in emb.strategies(mesh) if s.choices == ("dag", "dag"))
     sparse = [st for st in emb.schedule(dag, mesh).backward if getattr(st, "op", "") == "allgather"]
     assert sparse and all(st.sparse for st in sparse) and not inner[0].sparse
+    lookup, grad = (next(c for c in getattr(emb.schedule(dag, mesh), part) if hasattr(c, "flops"))
+                    for part in ("forward", "backward"))
+    assert lookup.elements == 2 * 64 // 4 * 16            # the looked-up rows read and written, not the table
+    assert grad.elements == 256 * 16 + 2 * 64 // 4 * 16   # the zero-filled table, dY and its rows of dW
     rows = sparse[0].in_shape[0]   # packed rows, what arrives from the group (twice: unpacked and added in)
     assert sparse[0].copies == (rows * 16, 2 * rows * 16, 2 * rows * 16, 2 * rows * 16)
     act = Elementwise("act", ISZ, 64, 64)
