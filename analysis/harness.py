@@ -12,7 +12,7 @@ import numpy as np
 from analysis.harness_exec import Program, Runner
 from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from analysis.sbp import P, local_slices
-from microbench.stats import Estimate, StopRule, estimate, pooled_estimate, round_spread
+from microbench.stats import Estimate, StopRule, pooled_estimate, round_spread, sample_until_done
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
 """Largest accepted max |got - reference| / max |reference| per output."""
@@ -103,15 +103,7 @@ class Bench:
     def visit(self, rule: StopRule) -> None:
         """Warm up, then time batches of iterations until the rule (this visit's share of the budget) is met."""
         _, per_iter = self._batch(1)
-        chunks, have, elapsed = [], 0, 0.0
-        while True:
-            iters = rule.next_batch(have, per_iter, elapsed)
-            rows, wall = self._batch(iters)
-            chunks.append(rows)
-            have, elapsed, per_iter = have + iters, elapsed + wall, wall / iters
-            if rule.done(estimate(np.concatenate(chunks).sum(axis=1)), elapsed):
-                break
-        self.visits.append(np.concatenate(chunks))
+        self.visits.append(sample_until_done(self._batch, rule, per_iter, lambda rows: rows.sum(axis=1)))
 
     def timed(self, rule: StopRule) -> Timed:
         """The pooled visits: totals, communication and compute, each item's median, the target, the spread."""

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from microbench import cloop
 from microbench.buffers import Pool, Slots, address
 from microbench.ops import Layout, Op, gemm_flops, gemm_wrong, numpy_dtype
-from microbench.stats import Estimate, StopRule, estimate
+from microbench.stats import Estimate, StopRule, estimate, sample_until_done
 
 MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE}
 
@@ -114,18 +114,8 @@ def _sample(batch: Callable[[int], tuple[np.ndarray, float]], rule: StopRule) ->
     extra = int(min(20, 0.05 * rule.budget_s / per_iter))
     if extra > 0:
         batch(extra)
-    chunks: list[np.ndarray] = []
-    have, elapsed = 0, 0.0
-    while True:
-        iters = rule.next_batch(have, per_iter, elapsed)
-        times, wall = batch(iters)
-        chunks.append(times)
-        have += iters
-        elapsed += wall
-        per_iter = wall / iters
-        est = estimate(np.concatenate(chunks))
-        if rule.done(est, elapsed):
-            return np.concatenate(chunks), est
+    samples = sample_until_done(batch, rule, per_iter)
+    return samples, estimate(samples)
 
 
 def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -129,6 +130,21 @@ class StopRule:
             remaining = max(self.budget_s - elapsed_s, 0.0)
             want = min(want, max(1, int(remaining / per_iter_s + 1e-6)))
         return max(1, min(want, self.max_samples - have, 100_000))
+
+
+def sample_until_done(batch: Callable[[int], tuple[np.ndarray, float]], rule: StopRule, per_iter: float,
+                      total: Callable[[np.ndarray], np.ndarray] = lambda rows: rows) -> np.ndarray:
+    """Batches of timed iterations, after warm-up, until `rule` says done: `batch(iters)` returns (rows of
+    seconds, wall seconds of the batch), identical on every rank in step; `total` maps the rows to the
+    per-iteration seconds the rule judges; `per_iter` is warm-up's seconds per iteration. Returns all rows."""
+    chunks, have, elapsed = [], 0, 0.0
+    while True:
+        iters = rule.next_batch(have, per_iter, elapsed)
+        rows, wall = batch(iters)
+        chunks.append(rows)
+        have, elapsed, per_iter = have + iters, elapsed + wall, wall / iters
+        if rule.done(estimate(total(np.concatenate(chunks))), elapsed):
+            return np.concatenate(chunks)
 
 
 def round_spread(visits: list[np.ndarray], median: float) -> float:

@@ -11,7 +11,7 @@ from microbench.buffers import Pool, address
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
-from microbench.stats import StopRule, estimate, median_ci_ranks, pooled_estimate, round_spread
+from microbench.stats import StopRule, estimate, median_ci_ranks, pooled_estimate, round_spread, sample_until_done
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
@@ -276,3 +276,22 @@ def test_cold_slots_are_page_aligned_copies_of_the_pair_filling_the_pool():
     big = np.ones(20 * 4096, dtype=np.float32)                       # two copies would not fit: the pair itself
     one = pool.slots(big, big.copy())
     assert one.count == 1 and one.pair(5)[0] is big
+
+
+def test_sampling_runs_batches_until_the_rule_judges_the_totals_done():
+    """Rows of two items whose totals are tight stop at min_samples; a loose total runs out the budget."""
+    calls = []
+
+    def batch(iters):
+        calls.append(iters)
+        rows = np.column_stack([np.full(iters, 1e-3), np.linspace(0, 1e-3, iters) if wide else np.full(iters, 1e-3)])
+        return rows, iters * 0.01
+
+    rule = StopRule(target_ci=0.02, min_samples=10, budget_s=1.0)
+    wide = False
+    rows = sample_until_done(batch, rule, 0.01, lambda r: r.sum(axis=1))
+    assert rows.shape == (10, 2) and calls == [10]
+    calls.clear()
+    wide = True
+    rows = sample_until_done(batch, rule, 0.01, lambda r: r.sum(axis=1))
+    assert len(rows) == sum(calls) and sum(calls) * 0.01 >= rule.budget_s and calls[0] == 10
