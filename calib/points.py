@@ -46,7 +46,7 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "machine": text("machine", "hostname"), "hosts": [str(h) for h in hosts],
             "mpi_library": text("mpi_library_version", "mpi_library"),
             "versions": {str(k): str(v) for k, v in versions.items()},
-            "cache": str(meta.get("options", {}).get("cache", "warm"))}
+            **records.conditions(meta.get("options", {}))}
 
 
 def _pooled_medians(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
@@ -118,9 +118,12 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
         frames.append(pts)
         runs.append(prov)
         dropped += why
-    caches = sorted({r["cache"] for r in runs})
+    caches, gaps = (sorted({r[name] for r in runs}) for name in ("cache", "gap_ms"))
     if len(caches) > 1:
         raise UsageError(f"runs mix {' and '.join(caches)} buffers (sweep --cache); fit them separately")
+    if len(gaps) > 1:
+        raise UsageError(f"runs mix gaps of {' and '.join(f'{g:g}' for g in gaps)} ms before each call "
+                         f"(sweep --gap-ms); fit them separately")
     points = pd.concat(frames, ignore_index=True)
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:

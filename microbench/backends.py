@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 
 import numpy as np
 
@@ -226,12 +227,14 @@ class NcclTimer:
     def __init__(self, backend: NcclBackend) -> None:
         self.b = backend
 
-    def run(self, op, comm, slots, first: int, lay, dtype: str, iters: int) -> np.ndarray:
+    def run(self, op, comm, slots, first: int, lay, dtype: str, iters: int, gap: float = 0.0) -> np.ndarray:
         cupy, stream = self.b.cupy, self.b.stream
         pairs = []
         for i in range(iters):
             send, recv = slots.pair(first + i)
             stream.synchronize()
+            if gap > 0:
+                time.sleep(gap)
             comm.Barrier()
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)

@@ -27,11 +27,13 @@ class PythonTimer:
     path = "python"
 
     def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
-            iters: int) -> np.ndarray:
+            iters: int, gap: float = 0.0) -> np.ndarray:
         out = np.empty(iters)
         barrier, wtime, call = comm.Barrier, MPI.Wtime, op.invoke
         for i in range(iters):
             send, recv = slots.pair(first + i)
+            if gap > 0:
+                time.sleep(gap)
             barrier()
             t0 = wtime()
             call(comm, send, recv)
@@ -48,10 +50,10 @@ class CompiledTimer:
         self._fn = fn
 
     def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
-            iters: int) -> np.ndarray:
+            iters: int, gap: float = 0.0) -> np.ndarray:
         out = np.empty(iters)
         rc = self._fn(op.c_code, comm.py2f(), address(slots.send), address(slots.recv), lay.send_count, lay.block,
-                      MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters, first, slots.count, slots.stride,
+                      MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters, first, slots.count, slots.stride, gap,
                       out.ctypes.data_as(cloop.ctypes.POINTER(cloop.ctypes.c_double)))
         if rc != 0:
             raise RuntimeError(f"MPI error {rc} in the compiled loop ({op.name})")
@@ -120,12 +122,14 @@ def _sample(batch: Callable[[int], tuple[np.ndarray, float]], rule: StopRule) ->
 
 def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,
                        backend: Any, in_place: bool = False, ctrl: MPI.Comm | None = None,
-                       checks: tuple[bool, bool] = (True, True), pool: Pool | None = None) -> Measurement:
+                       checks: tuple[bool, bool] = (True, True), pool: Pool | None = None,
+                       gap: float = 0.0) -> Measurement:
     """Measure one operation at one layout on `comm` (every member calls this). `ctrl` spans every group
     measured at once (default: comm alone): iteration times are the max over all of them, and since every
     rank then sees the same numbers, all groups take the same stopping decisions and stay in step.
     `checks` says whether to check the result before and after timing (a point timed in several visits
-    checks before its first and after its last). With a `pool`, iterations rotate through cold buffers."""
+    checks before its first and after its last). With a `pool`, iterations rotate through cold buffers; with
+    a `gap`, each iteration's barrier follows that many seconds idle."""
     ctrl = comm if ctrl is None else ctrl
     wrong = _count_wrong(op, backend, comm, lay, dtype, in_place) if checks[0] else 0
     send, recv = op.fill(backend.xp, lay, dtype, comm.rank, comm.size, in_place)
@@ -137,7 +141,7 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
     def batch(iters: int) -> tuple[np.ndarray, float]:
         nonlocal turn
         t0 = time.perf_counter()
-        local = timer.run(op, comm, slots, turn, lay, dtype, iters)
+        local = timer.run(op, comm, slots, turn, lay, dtype, iters, gap)
         turn += iters
         buf = np.append(local, time.perf_counter() - t0)
         ctrl.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)

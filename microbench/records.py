@@ -113,6 +113,13 @@ SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round")
 it was taken in (0 in runs written before rounds)."""
 
 
+def conditions(options: dict) -> dict:
+    """The conditions a run's calls were timed in, from run.json's options: buffer cache mode (runs from before
+    the choice reused warm buffers) and the idle gap before each call in ms (before it: none). Runs that differ
+    in these neither resume nor fit together."""
+    return {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0))}
+
+
 def read_run_json(run_dir: str | Path) -> dict:
     path = Path(run_dir) / "run.json"
     if not path.is_file():

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from microbench import records
 from microbench.buffers import CACHE_MODES
 from microbench.errors import UsageError
 from microbench.ops import parse_ops
@@ -52,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cold (default): iterations rotate through copies of their buffers spanning 64 MiB, so each "
                         "call finds them out of cache, as a collective between compute steps does; warm: one pair "
                         "reused, the back-to-back figure most benchmarks report")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
+                        "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
+                        "made 256 KiB-2 MiB calls 1.5-6x slower on the 2-vCPU test VM), a gap prices them as they run")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
@@ -76,13 +81,15 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
         raise UsageError("--min-samples must be at least 6, the fewest samples that give a 95% CI of the median")
     if args.retries < 0:
         raise UsageError("--retries must be 0 or more")
+    if not 0 <= args.gap_ms <= 1000:
+        raise UsageError(f"--gap-ms must be between 0 and 1000, not {args.gap_ms:g}")
     rounds = pick("rounds", 3)
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
-                       concurrent=args.concurrent, rounds=rounds, cache=args.cache,
+                       concurrent=args.concurrent, rounds=rounds, cache=args.cache, gap_s=args.gap_ms / 1e3,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -105,12 +112,15 @@ def check_world(world_size: int, expect: int | None) -> None:
                          f"talking to Slurm's PMI (with Open MPI use srun --mpi=pmix, or mpirun in the allocation)")
 
 
-def check_resume(earlier: dict | None, cache: str) -> None:
-    """A resumed run keeps its buffers' cache mode (runs from before the choice reused warm buffers)."""
-    had = earlier.get("options", {}).get("cache", "warm") if earlier else cache
-    if had != cache:
-        raise UsageError(f"--resume: the run was measured with --cache {had}, not {cache}; its points would not "
-                         f"pool with these")
+def check_resume(earlier: dict | None, conditions: dict) -> None:
+    """A resumed run keeps the conditions its calls were timed in (records.conditions): its points would not
+    pool with calls timed otherwise."""
+    had = records.conditions(earlier.get("options", {})) if earlier else conditions
+    for name, value in had.items():
+        if value != conditions[name]:
+            show = lambda v: f"{v:g}" if isinstance(v, float) else v  # noqa: E731
+            raise UsageError(f"--resume: the run was measured with --{name.replace('_', '-')} {show(value)}, not "
+                             f"{show(conditions[name])}; its points would not pool with these")
 
 
 def set_page_policy(policy: str) -> str:
@@ -149,13 +159,14 @@ def run(args: argparse.Namespace) -> int:
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
     sweep.check_memory(points, per_rank, cfg.cache)
 
+    conditions = {"cache": cfg.cache, "gap_ms": cfg.gap_s * 1e3}
     store = RunStore(args.out)
     error = None
     if world.rank == 0:
         try:
             earlier = store.prepare(args.resume)
             done = store.visits_done()
-            check_resume(earlier, cfg.cache)
+            check_resume(earlier, conditions)
         except UsageError as exc:
             error, earlier, done = str(exc), None, {}
     error = world.bcast(error, root=0)
@@ -174,15 +185,15 @@ def run(args: argparse.Namespace) -> int:
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
                          min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries,
                          rounds=cfg.rounds,
-                         concurrent=cfg.concurrent, quick=args.quick, cache=cfg.cache,
-                         in_place=cfg.in_place))
+                         concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
         run_id = meta["run_id"]
         store.write_run(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
               f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}, "
-              f"{cfg.cache} buffers", flush=True)
+              f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_s else ""),
+              flush=True)
     else:
         run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)

@@ -2,21 +2,26 @@
  * barrier (outside the timed region) and MPI_Wtime, into out[]. Handles arrive as Fortran
  * integers (mpi4py's py2f) so one source serves Open MPI and MPICH. Op codes: microbench/ops.py.
  * Call i uses the buffers of slot (first + i) % slots, `stride` bytes past sbuf and rbuf per slot
- * (microbench/buffers.py: cold buffers). */
+ * (microbench/buffers.py: cold buffers). With gap > 0 each call's barrier follows `gap` seconds idle
+ * (sweep --gap-ms: collectives spaced as between compute steps). */
 #include <mpi.h>
+#include <time.h>
 
 int commcal_time(int op, MPI_Fint fcomm, char *sbuf0, char *rbuf0, int count, int block,
                  MPI_Fint fdtype, MPI_Fint fsum, int iters, long first, long slots, long stride,
-                 double *out)
+                 double gap, double *out)
 {
     MPI_Comm comm = MPI_Comm_f2c(fcomm);
     MPI_Datatype dt = MPI_Type_f2c(fdtype);
     MPI_Op sum = MPI_Op_f2c(fsum);
     int rank, rc = MPI_SUCCESS;
     MPI_Comm_rank(comm, &rank);
+    struct timespec pause = {(time_t)gap, (long)((gap - (double)(time_t)gap) * 1e9)};
     for (int i = 0; i < iters && rc == MPI_SUCCESS; i++) {
         long offset = ((first + i) % slots) * stride;
         char *sbuf = sbuf0 + offset, *rbuf = rbuf0 + offset;
+        if (gap > 0)
+            nanosleep(&pause, NULL);
         MPI_Barrier(comm);
         double t0 = MPI_Wtime();
         switch (op) {

@@ -70,7 +70,7 @@ def _mutations():
 
     seg = ["models", "allreduce", "inter", "segments", 0]
     return [
-        (put(["version"], 5), "'version'"),
+        (put(["version"], 6), "'version'"),
         (put(["schema"], "other"), "'schema'"),
         (drop(["provenance"]), "missing key 'provenance'"),
         (drop([*seg, "beta_s_per_byte"]), "missing key 'models.allreduce.inter.segments.0.beta_s_per_byte'"),

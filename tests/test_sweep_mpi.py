@@ -75,6 +75,7 @@ def test_python_timing_path_is_recorded(tmp_path):
 
 
 ROTATION = textwrap.dedent("""
+    import time
     import numpy as np
     from mpi4py import MPI
     from microbench import driver
@@ -95,33 +96,42 @@ ROTATION = textwrap.dedent("""
         timer.run(op, world, slots, 11, lay, "float32", slots.count)   # starts at slot 11, wraps round
         want = op.expected(np, lay, "float32", world.rank, world.size)
         bad += sum(int((slots.pair(i)[1] != want).any()) for i in range(slots.count))
+        t0 = time.perf_counter()
+        timer.run(op, world, slots, 0, lay, "float32", 5, 0.04)           # 40 ms idle before each call
+        print(choice, "spaced", time.perf_counter() - t0 >= 0.2)
     print("slots wrong", world.allreduce(bad))
 """)
 
 
-def test_timed_iterations_rotate_through_every_cold_slot(tmp_path):
+def test_timed_iterations_rotate_through_every_cold_slot_and_keep_their_gap(tmp_path):
     script = tmp_path / "rotation.py"
     script.write_text(ROTATION)
     proc = subprocess.run([*mpiexec_argv(2), sys.executable, str(script)], env=mpi_env(), cwd=REPO,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "slots wrong 0" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.count("spaced True") == 4 and "False" not in proc.stdout, proc.stdout
 
 
-def test_cold_and_warm_runs_do_not_mix(tmp_path):
-    runs = {c: tmp_path / c for c in ("cold", "warm")}
-    for cache, out in runs.items():
-        run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8,64", "--cache", cache, *FAST],
+def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
+    """Cold and warm buffers, or calls with and without an idle gap before them, neither resume nor fit together."""
+    runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"]}
+    for name, extra in runs.items():
+        run_mpi(2, ["sweep", "--out", str(tmp_path / name), "--ops", "pingpong", "--sizes", "8,64", *extra, *FAST],
                 check=True)
-        assert read_run_json(out)["options"]["cache"] == cache
-    resumed = run_mpi(2, ["sweep", "--out", str(runs["cold"]), "--ops", "pingpong", "--sizes", "8,64", "--resume",
-                          "--cache", "warm", *FAST])
-    assert resumed.returncode == 2 and "measured with --cache cold" in resumed.stderr, resumed.stderr
+    options = {name: read_run_json(tmp_path / name)["options"] for name in runs}
+    assert [(o["cache"], o["gap_ms"]) for o in options.values()] == [("cold", 0), ("warm", 0), ("cold", 2)]
+    for name, extra, says in (("cold", ["--cache", "warm"], "measured with --cache cold, not warm"),
+                              ("gap", [], "measured with --gap-ms 2, not 0")):
+        resumed = run_mpi(2, ["sweep", "--out", str(tmp_path / name), "--ops", "pingpong", "--sizes", "8,64",
+                              "--resume", *extra, *FAST])
+        assert resumed.returncode == 2 and says in resumed.stderr, resumed.stderr
     cal = tmp_path / "cal.json"
-    mixed = run_cli(["fit", *map(str, runs.values()), "--out", str(cal)])
-    assert mixed.returncode == 2 and "mix cold and warm buffers" in mixed.stderr, mixed.stderr
-    assert not cal.exists()
-    run_cli(["fit", str(runs["cold"]), "--out", str(cal)], check=True)
-    assert [r["cache"] for r in json.loads(cal.read_text())["provenance"]["runs"]] == ["cold"]
+    for pair, says in ((("cold", "warm"), "mix cold and warm buffers"), (("cold", "gap"), "mix gaps of 0 and 2 ms")):
+        mixed = run_cli(["fit", *(str(tmp_path / n) for n in pair), "--out", str(cal)])
+        assert mixed.returncode == 2 and says in mixed.stderr, mixed.stderr
+        assert not cal.exists()
+    run_cli(["fit", str(tmp_path / "gap"), "--out", str(cal)], check=True)
+    assert [(r["cache"], r["gap_ms"]) for r in json.loads(cal.read_text())["provenance"]["runs"]] == [("cold", 2)]
 
 
 def _visits(out) -> dict[str, tuple[int, int, int]]:
@@ -243,6 +253,7 @@ def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
     (["--target-ci", "2"], "--target-ci"),
     (["--min-samples", "3"], "at least 6"),
     (["--retries", "-1"], "--retries"),
+    (["--gap-ms", "-1"], "--gap-ms must be between 0 and 1000"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "r"), *args])
