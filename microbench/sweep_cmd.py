@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
                         "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
-                        "made 256 KiB-2 MiB calls 1.5-6x slower on the 2-vCPU test VM), a gap prices them as they run")
+                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap prices them as they run")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")

@@ -89,3 +89,49 @@ def test_gpu_benchmark_prints_figures():
     assert proc.returncode == 0, proc.stderr
     assert "TFLOP/s" in proc.stdout and "nccl allreduce" in proc.stdout and "GB/s" in proc.stdout
     assert "wrong=0" in proc.stdout and "wrong=1" not in proc.stdout
+
+
+GPU_ROTATION = """
+import time
+from mpi4py import MPI
+from microbench.backends import NcclBackend
+from microbench.buffers import Pool
+from microbench.ops import OPS, Layout
+
+world = MPI.COMM_WORLD
+backend = NcclBackend(world, [MPI.Get_processor_name()])
+timer, _ = backend.make_timer(world, "auto")
+op, n = OPS["allreduce"], 6
+lay = Layout(n * 4, n * 4, n, n, n, 4)
+send, recv = op.fill(backend.xp, lay, "float32", 0, 1)
+slots = Pool(backend.xp, 16 * 4096).slots(send, recv)
+for i in range(slots.count):
+    slots.pair(i)[1][:] = 0
+t0 = time.perf_counter()
+timer.run(op, world, slots, 11, lay, "float32", slots.count, 0.01)   # from slot 11, wrapping; 10 ms gaps
+backend.sync()
+spaced = time.perf_counter() - t0 >= 0.16
+want = op.expected(backend.xp, lay, "float32", 0, 1)
+bad = sum(int((slots.pair(i)[1] != want).any()) for i in range(slots.count))
+print("device slots", slots.count, "wrong", bad, "spaced", spaced)
+"""
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_nccl_timer_rotates_through_every_cold_device_slot(tmp_path):
+    """The cold pool on the GPU: each timed NCCL call gets its own device slot, all 16 written correctly."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, mpi_env, mpiexec_argv
+
+    script = tmp_path / "gpu_rotation.py"
+    script.write_text(GPU_ROTATION)
+    env = mpi_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # not installed there
+    proc = subprocess.run([*mpiexec_argv(1), sys.executable, str(script)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "device slots 16 wrong 0 spaced True" in proc.stdout, proc.stdout
