@@ -36,7 +36,7 @@ class SweepConfig:
     concurrent: bool = False
     rounds: int = 3
     cache: str = "cold"
-    gap_s: float = 0.0
+    gap_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,
-                                              ctrl, checks, pool, cfg.gap_s)
+                                              ctrl, checks, pool, cfg.gap_ms / 1e3)
             if world.rank == 0:
                 pid = pt.key.point_id
                 earlier = Pooled(*store.read_point(pid)) if store.has_point(pid) else Pooled()

@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
                         "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
-                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap prices them as they run")
+                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap measures them after such a pause "
+                        "(opt-in: it did not improve validate's ranking there)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
@@ -89,7 +90,7 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
-                       concurrent=args.concurrent, rounds=rounds, cache=args.cache, gap_s=args.gap_ms / 1e3,
+                       concurrent=args.concurrent, rounds=rounds, cache=args.cache, gap_ms=args.gap_ms,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
     sweep.check_memory(points, per_rank, cfg.cache)
 
-    conditions = {"cache": cfg.cache, "gap_ms": cfg.gap_s * 1e3}
+    conditions = {"cache": cfg.cache, "gap_ms": cfg.gap_ms}
     store = RunStore(args.out)
     error = None
     if world.rank == 0:
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
               f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}, "
-              f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_s else ""),
+              f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else ""),
               flush=True)
     else:
         run_id, done = None, {}
