@@ -154,20 +154,24 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
     return Measurement(samples, est, wrong, in_place=in_place)
 
 
-def _measure_local(run: Callable[[], None], sync: Callable[[], None], rule: StopRule, ctrl: MPI.Comm | None,
+def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: StopRule, ctrl: MPI.Comm | None,
                    wrong: int, flops: float = 0.0) -> Measurement:
-    """Time `run` (one local operation) until the rule says done. With `ctrl`, every rank of it runs at once
-    (as training does), iteration times are the max over them, as for concurrent collectives, and `wrong`
-    (this rank's wrong elements) is summed over them."""
+    """Time `run(i)` (the i-th iteration of one local operation) until the rule says done. With `ctrl`, every
+    rank of it runs at once (as training does), iteration times are the max over them, as for concurrent
+    collectives, and `wrong` (this rank's wrong elements) is summed over them."""
+    turn = 0
+
     def batch(iters: int) -> tuple[np.ndarray, float]:
+        nonlocal turn
         out = np.empty(iters + 1)
         start = time.perf_counter()
-        for i in range(iters):
+        for i in range(turn, turn + iters):
             t0 = time.perf_counter()
-            run()
+            run(i)
             sync()
-            out[i] = time.perf_counter() - t0
+            out[i - turn] = time.perf_counter() - t0
         out[-1] = time.perf_counter() - start
+        turn += iters
         if ctrl is not None:
             ctrl.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
         return out[:-1], float(out[-1])
@@ -182,32 +186,50 @@ def _operand(xp: Any, n: int, dtype: str, rng: np.random.Generator):
     return xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
 
 
-def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
+def _slots(pool: Pool | None, send: Any, recv: Any) -> Slots:
+    return pool.slots(send, recv) if pool is not None else Slots(send, recv)
+
+
+def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None,
+                 pool: Pool | None = None) -> Measurement:
     """Local n x n matrix-multiply rate on this rank, on standard-normal operands: low-entropy data such as
     zeros or small integers runs faster on tensor cores than real data does. Sampled entries are checked
-    against a float64 product of the same (rounded) operands."""
+    against a float64 product of the same (rounded) operands. With a `pool`, iterations rotate through cold
+    copies of the operands and product, as for collectives."""
     n, xp = lay.block, backend.xp
     rng = np.random.default_rng(0)
-    a, b = _operand(xp, n, dtype, rng), _operand(xp, n, dtype, rng)
-    c = a @ b
+    ab = xp.stack([_operand(xp, n, dtype, rng), _operand(xp, n, dtype, rng)])
+    slots = _slots(pool, ab, xp.zeros((n, n), dtype=ab.dtype))
+
+    def product(i: int) -> None:
+        operands, c = slots.pair(i)
+        xp.matmul(operands[0], operands[1], out=c)
+
+    product(0)
     backend.sync()
     rows = rng.integers(0, n, 16)
     cols = rng.integers(0, n, 16)
-    a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (a, b, c))
+    a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (ab[0], ab[1], slots.pair(0)[1]))
     wrong = gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
-    return _measure_local(lambda: xp.matmul(a, b, out=c), backend.sync, rule, ctrl, wrong, gemm_flops(n))
+    return _measure_local(product, backend.sync, rule, ctrl, wrong, gemm_flops(n))
 
 
-def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None) -> Measurement:
-    """Local copy bandwidth: an n x n operand into a fresh array of its two column halves, the copy that the
-    validation harness makes around a collective whose split is not the outer dimension."""
+def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None,
+                 pool: Pool | None = None) -> Measurement:
+    """Local copy bandwidth: an n x n operand into its two column halves, the copy that the validation harness
+    makes around a collective whose split is not the outer dimension. With a `pool`, iterations rotate through
+    cold copies of source and destination: the harness's copies find theirs out of cache (here a 512 KiB
+    copy takes 4-9x as long cold as back to back)."""
     n, xp = lay.block, backend.xp
     src = _operand(xp, n, dtype, np.random.default_rng(0))
+    slots = _slots(pool, src, xp.zeros((2, n, n // 2), dtype=src.dtype))
 
-    def halves():
-        return xp.ascontiguousarray(xp.moveaxis(src.reshape(n, 2, n // 2), 1, 0))
+    def halves(i: int) -> None:
+        s, d = slots.pair(i)
+        xp.copyto(d, xp.moveaxis(s.reshape(n, 2, n // 2), 1, 0))
 
-    got, want = _host(halves()), _host(src)
+    halves(0)
+    got, want = _host(slots.pair(0)[1]), _host(src)
     wrong = int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
     return _measure_local(halves, backend.sync, rule, ctrl, wrong)
 

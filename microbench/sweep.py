@@ -214,7 +214,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
                 together = ctrl if len(pt.groups) > 1 else None
-                m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, rule, backend, together)
+                m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, rule, backend, together, pool)
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "so figures compare with OSU/IMB; hugepage is what numpy-based applications get)")
     p.add_argument("--cache", choices=CACHE_MODES, default="cold",
                    help="cold (default): iterations rotate through copies of their buffers spanning 64 MiB, so each "
-                        "call finds them out of cache, as a collective between compute steps does; warm: one pair "
+                        "call (collective, gemm or copy) finds them out of cache, as a step of training does; warm: one pair "
                         "reused, the back-to-back figure most benchmarks report")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "

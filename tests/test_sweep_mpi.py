@@ -112,6 +112,48 @@ def test_timed_iterations_rotate_through_every_cold_slot_and_keep_their_gap(tmp_
     assert proc.stdout.count("spaced True") == 4 and "False" not in proc.stdout, proc.stdout
 
 
+LOCAL_ROTATION = textwrap.dedent("""
+    import numpy as np
+    from mpi4py import MPI
+    from microbench import driver
+    from microbench.backends import MpiBackend
+    from microbench.buffers import Pool
+    from microbench.ops import OPS
+    from microbench.stats import StopRule
+
+    class Recording(Pool):
+        def slots(self, send, recv, in_place=False):
+            self.last = super().slots(send, recv, in_place)
+            return self.last
+
+    world, n = MPI.COMM_WORLD, 64
+    backend = MpiBackend(world, [])
+    for name in ("copy", "gemm"):
+        pool = Recording(np, 12 * 3 * n * n * 4)
+        lay = OPS[name].layout(n * n * 4, 1, 4)
+        rule = StopRule(target_ci=0.0, min_samples=30, budget_s=0.0)
+        m = driver.MEASURE_LOCAL[name](lay, "float32", rule, backend, world, pool)
+        slots = pool.last
+        src = slots.pair(0)[0]
+        want = np.stack([src[:, :n // 2], src[:, n // 2:]]) if name == "copy" else src[0] @ src[1]
+        bad = sum(int(not np.allclose(slots.pair(i)[1], want, rtol=1e-5)) for i in range(slots.count))
+        print(name, "slots", slots.count, "samples", m.samples.size, "wrong", m.wrong, "bad", bad)
+""")
+
+
+def test_gemm_and_copy_rotate_through_every_cold_slot(tmp_path):
+    """Cold local operations, like cold collectives, take each iteration's operands from the next slot."""
+    script = tmp_path / "local_rotation.py"
+    script.write_text(LOCAL_ROTATION)
+    proc = subprocess.run([*mpiexec_argv(2), sys.executable, str(script)], env=mpi_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if " slots " in line]
+    assert sorted(r[0] for r in rows) == ["copy", "copy", "gemm", "gemm"], proc.stdout
+    for r in rows:
+        assert int(r[2]) >= 12 and int(r[4]) >= 30 and r[6] == "0" and r[8] == "0", proc.stdout
+
+
 def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
     """Cold and warm buffers, or calls with and without an idle gap before them, neither resume nor fit together."""
     runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"]}
