@@ -6,7 +6,9 @@
     python -m analysis.bench_validate --launch "slurm/cluster.sh mpirun -n 4 --host node1:2,node2:2" --out /tmp/bv
     slurm/cluster.sh down
 
---calibration CAL skips the sweep and the fit."""
+--calibration CAL skips the sweep and the fit. --repeat N validates N times (DIR/validate, DIR/validate-2, ...)
+and also scores each run's measured times as the prediction of another's: the figures no cost model can beat
+on a machine whose measurements repeat only that well."""
 
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ import shlex
 import subprocess
 import sys
 import time
+from itertools import permutations
 from pathlib import Path
+
+import pandas as pd
+
+from analysis import ranking
 
 LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
           "embedding:vocab=8192,dim=256,tokens=1024,density=0.05")
@@ -32,6 +39,23 @@ def _run(argv: list[str]) -> None:
     print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
 
 
+def _print(columns: dict[str, dict]) -> None:
+    """One row per metric, one column per run ("run i", with the 95% CI when there is one run) or per repeat
+    ("i as j": run i's measured times scored as the prediction of run j's), then the target."""
+    names = next(iter(columns.values()))
+    one = len(columns) == 1
+    print(f"{'metric':<26} " + " ".join(f"{c:>9}" for c in columns) + ("  95% CI             " if one else "")
+          + "  target")
+    for name in sorted(names, key=lambda n: (not n.startswith("comm_"), n)):
+        values = [m[name]["value"] if name in m else float("nan") for m in columns.values()]
+        ci = names[name]["ci95"]
+        cis = (f"  [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "").ljust(21) if one else ""
+        target = next((f"{op} {t:g}  " + " ".join("MET" if (v >= t if op == ">=" else v <= t) else "missed"
+                                                  for v, c in zip(values, columns) if c.startswith("run"))
+                       for n, op, t in TARGETS if n == name), "")
+        print(f"{name:<26} " + " ".join(f"{v:>9.4f}" for v in values) + f"{cis}  {target}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks on 2 nodes")
@@ -40,7 +64,10 @@ def main(argv=None) -> int:
     p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
+    p.add_argument("--repeat", type=int, default=1, help="validate this many times (default 1)")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     out = Path(args.out)
     commcal = [sys.executable, "-m", "microbench.cli"]
     launch = shlex.split(args.launch)
@@ -51,16 +78,16 @@ def main(argv=None) -> int:
               *shlex.split(args.sweep_args)])
         _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
     layers = [a for spec in LAYERS for a in ("--layer", spec)]
-    _run([*launch, *commcal, "validate", cal, "--mesh", "2x2", "--out", str(out / "validate"), *layers,
-          *shlex.split(args.validate_args)])
-    metrics = json.loads((out / "validate" / "summary.json").read_text())["metrics"]
-    print(f"{'metric':<26} {'value':>8}  95% CI              target")
-    for name in sorted(metrics, key=lambda n: (not n.startswith("comm_"), n)):
-        v, ci = metrics[name]["value"], metrics[name]["ci95"]
-        target = next((f"{op} {t:g}" + ("  MET" if (v >= t if op == ">=" else v <= t) else "  missed")
-                       for n, op, t in TARGETS if n == name), "")
-        cis = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-        print(f"{name:<26} {v:>8.4f}  {cis:<19} {target}")
+    runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
+    for run in runs:
+        _run([*launch, *commcal, "validate", cal, "--mesh", "2x2", "--out", str(run), *layers,
+              *shlex.split(args.validate_args)])
+    columns = {f"run {i + 1}": json.loads((run / "summary.json").read_text())["metrics"] for i, run in enumerate(runs)}
+    tables = [pd.read_parquet(run / "strategies.parquet") for run in runs]
+    for a, b in permutations(range(len(runs)), 2):
+        repeat = ranking.repeat_frame(tables[a], tables[b])
+        columns[f"{a + 1} as {b + 1}"] = ranking.flat(ranking.frame_scores(repeat, 3, 1000, 0))
+    _print(columns)
     return 0
 
 

@@ -112,3 +112,28 @@ def score(layers: list[tuple], k: int = 3, resamples: int = 1000, seed: int = 0)
         lo, hi = np.percentile(b, [2.5, 97.5])
         out[name] = Scored(v, min(float(lo), v), max(float(hi), v))
     return out
+
+
+def frame_scores(frame, k: int, resamples: int, seed: int) -> dict:
+    """{"total": ..., "comm": ...} metric dicts over a validate strategies table's layers (columns layer,
+    predicted_s, measured_s, predicted_comm_s, measured_comm_s, comm_steps); communication only over the
+    strategies that communicate."""
+    out = {}
+    for part, pred, meas in (("total", "predicted_s", "measured_s"), ("comm", "predicted_comm_s", "measured_comm_s")):
+        rows = frame if part == "total" else frame[frame["comm_steps"] > 0]
+        layers = [(g[pred].to_numpy(), g[meas].to_numpy()) for _, g in rows.groupby("layer", sort=False)]
+        out[part] = {n: s.to_json() for n, s in score(layers, k, resamples, seed).items()} if layers else {}
+    return out
+
+
+def flat(scored: dict) -> dict:
+    """frame_scores' result as one dict: end-to-end names bare, communication ones prefixed "comm_"."""
+    return {**scored["total"], **{f"comm_{n}": v for n, v in scored["comm"].items()}}
+
+
+def repeat_frame(first, second):
+    """A strategies table scoring one validate run's measured times as the prediction of another's, over the
+    strategies both ran: the figures no cost model can beat while measurements repeat only this well."""
+    keep = ["layer", "strategy", "measured_s", "measured_comm_s", "comm_steps"]
+    both = first[keep].merge(second[keep], on=["layer", "strategy", "comm_steps"], suffixes=("_a", ""))
+    return both.rename(columns={"measured_s_a": "predicted_s", "measured_comm_s_a": "predicted_comm_s"})

@@ -99,21 +99,6 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     return out
 
 
-def scores(frame: pd.DataFrame, k: int, resamples: int, seed: int) -> dict:
-    """{"total": ..., "comm": ...} metric dicts over the given rows' layers; communication only over the
-    strategies that communicate."""
-    out = {}
-    for part, pred, meas in (("total", "predicted_s", "measured_s"), ("comm", "predicted_comm_s", "measured_comm_s")):
-        rows = frame if part == "total" else frame[frame["comm_steps"] > 0]
-        layers = [(g[pred].to_numpy(), g[meas].to_numpy()) for _, g in rows.groupby("layer", sort=False)]
-        out[part] = {n: s.to_json() for n, s in ranking.score(layers, k, resamples, seed).items()} if layers else {}
-    return out
-
-
-def _flat(sc: dict) -> dict:
-    return {**sc["total"], **{f"comm_{n}": v for n, v in sc["comm"].items()}}
-
-
 def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> None:
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
@@ -122,12 +107,12 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
     for name, table in (("strategies", frame), ("steps", steps)):
         atomic_write(f"{out}/{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
         atomic_write(f"{out}/{name}.csv", lambda p, t=table: t.to_csv(p, index=False))
-    overall = scores(frame, args.top_k, args.bootstrap, args.seed)
-    per_layer = {name: _flat(scores(g, args.top_k, args.bootstrap, args.seed))
+    overall = ranking.frame_scores(frame, args.top_k, args.bootstrap, args.seed)
+    per_layer = {name: ranking.flat(ranking.frame_scores(g, args.top_k, args.bootstrap, args.seed))
                  for name, g in frame.groupby("layer", sort=False)}
     machine = provenance.machine_name(hosts)
     atomic_write_json(f"{out}/summary.json", {
-        "metrics": _flat(overall), "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
+        "metrics": ranking.flat(overall), "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
@@ -139,7 +124,7 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
         "mpi_library_version": MPI.Get_library_version().strip(), "versions": provenance.software_versions(),
         "environment": provenance.relevant_environment()})
-    m = _flat(overall)
+    m = ranking.flat(overall)
     print(f"validate: wrote {out} ({len(frame)} strategies)")
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):

@@ -79,3 +79,21 @@ def test_score_over_layers_with_intervals():
     assert noisy["kendall_tau"].low < noisy["kendall_tau"].value < noisy["kendall_tau"].high
     none = ranking.score([([1.0], [1.0])], resamples=0)
     assert "kendall_tau" not in none and none["top1"].to_json() == {"value": 1.0, "ci95": None}
+
+
+def test_one_run_scored_as_the_prediction_of_another():
+    """repeat_frame pairs the strategies both runs measured; frame_scores scores them like validate does."""
+    import pandas as pd
+    first = pd.DataFrame({"layer": ["a"] * 3 + ["b"] * 2, "strategy": ["x", "y", "z", "x", "y"],
+                          "measured_s": [1.0, 2.0, 3.0, 5.0, 4.0], "measured_comm_s": [0.5, 1.0, 1.5, 0.0, 2.0],
+                          "comm_steps": [1, 1, 1, 0, 2]})
+    second = first.assign(measured_s=first.measured_s * 1.25, measured_comm_s=first.measured_comm_s * 0.8)
+    second = pd.concat([second, second.iloc[:1].assign(strategy="only-here")]).iloc[::-1]
+    both = ranking.repeat_frame(first, second)
+    assert len(both) == 5 and set(both.columns) >= {"predicted_s", "measured_s", "predicted_comm_s"}
+    m = ranking.flat(ranking.frame_scores(both, 3, 0, 0))
+    assert m["kendall_tau"]["value"] == pytest.approx(1) and m["regret"]["value"] == 0
+    assert m["mean_accuracy"]["value"] == pytest.approx(1 - 0.25 / 1.25)
+    # communication: layer b has one communicating strategy, so its accuracy alone counts there
+    assert m["comm_mean_accuracy"]["value"] == pytest.approx(1 - 0.25)
+    assert m["comm_kendall_tau"]["value"] == pytest.approx(1) and m["comm_kendall_tau"]["ci95"] is None
