@@ -218,8 +218,8 @@ def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MP
                  pool: Pool | None = None) -> Measurement:
     """Local copy bandwidth: an n x n operand into its two column halves, the copy that the validation harness
     makes around a collective whose split is not the outer dimension. With a `pool`, iterations rotate through
-    cold copies of source and destination: the harness's copies find theirs out of cache (here a 512 KiB
-    copy takes 4-9x as long cold as back to back)."""
+    cold copies of source and destination, since the harness's copies find theirs out of cache (here a 256 KiB
+    to 1 MiB operand's copy takes 2.7-3.1x as long cold as back to back)."""
     n, xp = lay.block, backend.xp
     src = _operand(xp, n, dtype, np.random.default_rng(0))
     slots = _slots(pool, src, xp.zeros((2, n, n // 2), dtype=src.dtype))
