@@ -51,13 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "so figures compare with OSU/IMB; hugepage is what numpy-based applications get)")
     p.add_argument("--cache", choices=CACHE_MODES, default="cold",
                    help="cold (default): iterations rotate through copies of their buffers spanning 64 MiB, so each "
-                        "call (collective, gemm or copy) finds them out of cache, as a step of training does; warm: one pair "
-                        "reused, the back-to-back figure most benchmarks report")
+                        "call (collective, gemm or copy) finds them out of cache, as a step of training does; "
+                        "warm: one pair reused, the back-to-back figure most benchmarks report")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
                         "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
-                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap measures them after such a pause "
-                        "(opt-in: it did not improve validate's ranking there)")
+                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap measures them after "
+                        "such a pause (opt-in: it did not improve validate's ranking there)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
