@@ -18,12 +18,13 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 5
-READS = (1, 2, 3, 4, 5)
+VERSION = 6
+READS = (1, 2, 3, 4, 5, 6)
 """Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time); 3 added
 the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost);
 4 added provenance.runs[].cache, whether the sweep's buffers were cold or warm (absent: warm); 5 added
-provenance.runs[].gap_ms, the sweep's idle gap before each call (absent: 0)."""
+provenance.runs[].gap_ms, the sweep's idle gap before each call (absent: 0); 6 added provenance.runs[].after_gemm,
+the size of the GEMM every rank ran before each call (absent: 0, none)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

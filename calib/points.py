@@ -118,12 +118,15 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
         frames.append(pts)
         runs.append(prov)
         dropped += why
-    caches, gaps = (sorted({r[name] for r in runs}) for name in ("cache", "gap_ms"))
+    caches, gaps, gemms = (sorted({r[name] for r in runs}) for name in ("cache", "gap_ms", "after_gemm"))
     if len(caches) > 1:
         raise UsageError(f"runs mix {' and '.join(caches)} buffers (sweep --cache); fit them separately")
     if len(gaps) > 1:
         raise UsageError(f"runs mix gaps of {' and '.join(f'{g:g}' for g in gaps)} ms before each call "
                          f"(sweep --gap-ms); fit them separately")
+    if len(gemms) > 1:
+        raise UsageError(f"runs mix GEMMs of N = {' and '.join(map(str, gemms))} before each call "
+                         f"(sweep --after-gemm; 0: none); fit them separately")
     points = pd.concat(frames, ignore_index=True)
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:

@@ -227,7 +227,8 @@ class NcclTimer:
     def __init__(self, backend: NcclBackend) -> None:
         self.b = backend
 
-    def run(self, op, comm, slots, first: int, lay, dtype: str, iters: int, gap: float = 0.0) -> np.ndarray:
+    def run(self, op, comm, slots, first: int, lay, dtype: str, iters: int, gap: float = 0.0,
+            bar=None) -> np.ndarray:
         cupy, stream = self.b.cupy, self.b.stream
         pairs = []
         for i in range(iters):
@@ -235,7 +236,7 @@ class NcclTimer:
             stream.synchronize()
             if gap > 0:
                 time.sleep(gap)
-            comm.Barrier()
+            (comm if bar is None else bar).Barrier()
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
             self.b.launch(op, comm, send, recv)

@@ -62,5 +62,5 @@ def load(path: Path):
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long,
-                   ctypes.c_double, ctypes.POINTER(ctypes.c_double)]
+                   ctypes.c_double, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
     return fn

@@ -27,9 +27,9 @@ class PythonTimer:
     path = "python"
 
     def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
-            iters: int, gap: float = 0.0) -> np.ndarray:
+            iters: int, gap: float = 0.0, bar: MPI.Comm | None = None) -> np.ndarray:
         out = np.empty(iters)
-        barrier, wtime, call = comm.Barrier, MPI.Wtime, op.invoke
+        barrier, wtime, call = (comm if bar is None else bar).Barrier, MPI.Wtime, op.invoke
         for i in range(iters):
             send, recv = slots.pair(first + i)
             if gap > 0:
@@ -50,11 +50,12 @@ class CompiledTimer:
         self._fn = fn
 
     def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
-            iters: int, gap: float = 0.0) -> np.ndarray:
+            iters: int, gap: float = 0.0, bar: MPI.Comm | None = None) -> np.ndarray:
         out = np.empty(iters)
+        barrier = comm if bar is None else bar
         rc = self._fn(op.c_code, comm.py2f(), address(slots.send), address(slots.recv), lay.send_count, lay.block,
                       MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters, first, slots.count, slots.stride, gap,
-                      out.ctypes.data_as(cloop.ctypes.POINTER(cloop.ctypes.c_double)))
+                      barrier.py2f(), out.ctypes.data_as(cloop.ctypes.POINTER(cloop.ctypes.c_double)))
         if rc != 0:
             raise RuntimeError(f"MPI error {rc} in the compiled loop ({op.name})")
         return out
@@ -123,7 +124,7 @@ def _sample(batch: Callable[[int], tuple[np.ndarray, float]], rule: StopRule) ->
 def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any,
                        backend: Any, in_place: bool = False, ctrl: MPI.Comm | None = None,
                        checks: tuple[bool, bool] = (True, True), pool: Pool | None = None,
-                       gap: float = 0.0) -> Measurement:
+                       gap: float = 0.0, before: Callable[[], None] | None = None) -> Measurement:
     """Measure one operation at one layout on `comm` (every member calls this). `ctrl` spans every group
     measured at once (default: comm alone): iteration times are the max over all of them, and since every
     rank then sees the same numbers, all groups take the same stopping decisions and stay in step.
@@ -141,7 +142,14 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
     def batch(iters: int) -> tuple[np.ndarray, float]:
         nonlocal turn
         t0 = time.perf_counter()
-        local = timer.run(op, comm, slots, turn, lay, dtype, iters, gap)
+        if before is None:
+            local = timer.run(op, comm, slots, turn, lay, dtype, iters, gap)
+        else:
+            local = np.empty(iters)
+            for i in range(iters):
+                ctrl.Barrier()
+                before()
+                local[i] = timer.run(op, comm, slots, turn + i, lay, dtype, 1, gap, ctrl)[0]
         turn += iters
         buf = np.append(local, time.perf_counter() - t0)
         ctrl.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
@@ -232,6 +240,20 @@ def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MP
     got, want = _host(slots.pair(0)[1]), _host(src)
     wrong = int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
     return _measure_local(halves, backend.sync, rule, ctrl, wrong)
+
+
+def compute_phase(backend: Any, n: int) -> Callable[[], None]:
+    """An n x n float32 GEMM on this rank's device, finished when it returns: the compute that precedes each
+    collective of a training step (sweep --after-gemm)."""
+    xp = backend.xp
+    rng = np.random.default_rng(1)
+    a, b = _operand(xp, n, "float32", rng), _operand(xp, n, "float32", rng)
+    c = xp.empty_like(a)
+
+    def run() -> None:
+        xp.matmul(a, b, out=c)
+        backend.sync()
+    return run
 
 
 MEASURE_LOCAL = {"gemm": measure_gemm, "copy": measure_copy}

@@ -115,9 +115,10 @@ it was taken in (0 in runs written before rounds)."""
 
 def conditions(options: dict) -> dict:
     """The conditions a run's calls were timed in, from run.json's options: buffer cache mode (runs from before
-    the choice reused warm buffers) and the idle gap before each call in ms (before it: none). Runs that differ
-    in these neither resume nor fit together."""
-    return {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0))}
+    the choice reused warm buffers), the idle gap before each call in ms and the N of the N x N GEMM run before
+    each call (before these: none). Runs that differ in these neither resume nor fit together."""
+    return {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0)),
+            "after_gemm": int(options.get("after_gemm", 0))}
 
 
 def read_run_json(run_dir: str | Path) -> dict:

@@ -37,6 +37,7 @@ class SweepConfig:
     rounds: int = 3
     cache: str = "cold"
     gap_ms: float = 0.0
+    after_gemm: int = 0
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             comms[k] = _split(world, pt.groups)
     rule = cfg.rule.visit(cfg.rounds)
     pool = Pool(backend.xp) if cfg.cache == "cold" else None
+    before = driver.compute_phase(backend, cfg.after_gemm) if cfg.after_gemm else None
     progress = None
     if world.rank == 0:
         skipped = sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points)
@@ -218,7 +220,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,
-                                              ctrl, checks, pool, cfg.gap_ms / 1e3)
+                                              ctrl, checks, pool, cfg.gap_ms / 1e3, before)
             if world.rank == 0:
                 pid = pt.key.point_id
                 earlier = Pooled(*store.read_point(pid)) if store.has_point(pid) else Pooled()

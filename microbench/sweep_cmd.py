@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
                         "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap measures them after "
                         "such a pause (opt-in: it did not improve validate's ranking there)")
+    p.add_argument("--after-gemm", type=int, default=0, metavar="N",
+                   help="before each timed collective, every rank measured at once runs an N x N float32 GEMM "
+                        "between two barriers, as collectives follow compute in a training step (default 0: "
+                        "back to back)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
@@ -84,6 +88,8 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
         raise UsageError("--retries must be 0 or more")
     if not 0 <= args.gap_ms <= 1000:
         raise UsageError(f"--gap-ms must be between 0 and 1000, not {args.gap_ms:g}")
+    if not 0 <= args.after_gemm <= 8192:
+        raise UsageError(f"--after-gemm must be between 0 and 8192, not {args.after_gemm}")
     rounds = pick("rounds", 3)
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
@@ -91,6 +97,7 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
                        concurrent=args.concurrent, rounds=rounds, cache=args.cache, gap_ms=args.gap_ms,
+                       after_gemm=args.after_gemm,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
 
 
@@ -160,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
     sweep.check_memory(points, per_rank, cfg.cache)
 
-    conditions = {"cache": cfg.cache, "gap_ms": cfg.gap_ms}
+    conditions = {"cache": cfg.cache, "gap_ms": cfg.gap_ms, "after_gemm": cfg.after_gemm}
     store = RunStore(args.out)
     error = None
     if world.rank == 0:
@@ -193,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
               f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}, "
-              f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else ""),
+              f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else "")
+              + (f", a {cfg.after_gemm}x{cfg.after_gemm} GEMM before each call" if cfg.after_gemm else ""),
               flush=True)
     else:
         run_id, done = None, {}

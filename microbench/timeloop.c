@@ -3,15 +3,16 @@
  * integers (mpi4py's py2f) so one source serves Open MPI and MPICH. Op codes: microbench/ops.py.
  * Call i uses the buffers of slot (first + i) % slots, `stride` bytes past sbuf and rbuf per slot
  * (microbench/buffers.py: cold buffers). With gap > 0 each call's barrier follows `gap` seconds idle
- * (sweep --gap-ms: collectives spaced as between compute steps). */
+ * (sweep --gap-ms: collectives spaced as between compute steps). The barrier is on fbar: the call's
+ * own communicator, or one spanning every group that starts a call at once (sweep --after-gemm). */
 #include <mpi.h>
 #include <time.h>
 
 int commcal_time(int op, MPI_Fint fcomm, char *sbuf0, char *rbuf0, int count, int block,
                  MPI_Fint fdtype, MPI_Fint fsum, int iters, long first, long slots, long stride,
-                 double gap, double *out)
+                 double gap, MPI_Fint fbar, double *out)
 {
-    MPI_Comm comm = MPI_Comm_f2c(fcomm);
+    MPI_Comm comm = MPI_Comm_f2c(fcomm), bar = MPI_Comm_f2c(fbar);
     MPI_Datatype dt = MPI_Type_f2c(fdtype);
     MPI_Op sum = MPI_Op_f2c(fsum);
     int rank, rc = MPI_SUCCESS;
@@ -22,7 +23,7 @@ int commcal_time(int op, MPI_Fint fcomm, char *sbuf0, char *rbuf0, int count, in
         char *sbuf = sbuf0 + offset, *rbuf = rbuf0 + offset;
         if (gap > 0)
             nanosleep(&pause, NULL);
-        MPI_Barrier(comm);
+        MPI_Barrier(bar);
         double t0 = MPI_Wtime();
         switch (op) {
         case 0: rc = MPI_Allreduce(sbuf, rbuf, count, dt, sum, comm); break;

@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from calib.calibration import calibration_from_dict, json_schema, load_calibration
+from calib.calibration import VERSION, calibration_from_dict, json_schema, load_calibration
 from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
 from microbench.errors import UsageError
 from microbench.cli import main
@@ -70,7 +70,7 @@ def _mutations():
 
     seg = ["models", "allreduce", "inter", "segments", 0]
     return [
-        (put(["version"], 6), "'version'"),
+        (put(["version"], VERSION + 1), "'version'"),
         (put(["schema"], "other"), "'schema'"),
         (drop(["provenance"]), "missing key 'provenance'"),
         (drop([*seg, "beta_s_per_byte"]), "missing key 'models.allreduce.inter.segments.0.beta_s_per_byte'"),

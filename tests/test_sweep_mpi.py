@@ -79,8 +79,10 @@ ROTATION = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     from microbench import driver
-    from microbench.buffers import Pool
+    from microbench.backends import MpiBackend
+    from microbench.buffers import Pool, Slots
     from microbench.ops import OPS, Layout
+    from microbench.stats import StopRule
 
     world = MPI.COMM_WORLD
     op, n = OPS["allreduce"], 6
@@ -99,17 +101,33 @@ ROTATION = textwrap.dedent("""
         t0 = time.perf_counter()
         timer.run(op, world, slots, 0, lay, "float32", 5, 0.04)           # 40 ms idle before each call
         print(choice, "spaced", time.perf_counter() - t0 >= 0.2)
+        alone = Slots(*op.fill(np, lay, "float32", 0, 1))
+        if world.rank == 1:
+            time.sleep(0.3)
+        t0 = time.perf_counter()
+        took = timer.run(op, MPI.COMM_SELF, alone, 0, lay, "float32", 1, 0.0, world)   # the barrier spans world
+        if world.rank == 0:
+            print(choice, "barrier on bar", time.perf_counter() - t0 >= 0.25 and took[0] < 0.1)
+        ran = []
+        rule = StopRule(target_ci=0.0, min_samples=6, budget_s=0.0)
+        m = driver.measure_collective(op, world, lay, "float32", rule, timer, MpiBackend(world, []),
+                                      before=lambda: ran.append(time.sleep(0.02)))
+        print(choice, "before each", len(ran) == m.samples.size + 2, m.samples.max() < 0.02)
     print("slots wrong", world.allreduce(bad))
 """)
 
 
 def test_timed_iterations_rotate_through_every_cold_slot_and_keep_their_gap(tmp_path):
+    """Both timers: cold slots in turn, the idle gap, the barrier on the communicator given for it, and
+    (sweep --after-gemm) the compute run before every iteration, warm-up included, outside the timed region."""
     script = tmp_path / "rotation.py"
     script.write_text(ROTATION)
     proc = subprocess.run([*mpiexec_argv(2), sys.executable, str(script)], env=mpi_env(), cwd=REPO,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "slots wrong 0" in proc.stdout, proc.stdout + proc.stderr
     assert proc.stdout.count("spaced True") == 4 and "False" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("barrier on bar True") == 2, proc.stdout
+    assert proc.stdout.count("before each True True") == 4, proc.stdout
 
 
 LOCAL_ROTATION = textwrap.dedent("""
@@ -155,25 +173,31 @@ def test_gemm_and_copy_rotate_through_every_cold_slot(tmp_path):
 
 
 def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
-    """Cold and warm buffers, or calls with and without an idle gap before them, neither resume nor fit together."""
-    runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"]}
+    """Cold and warm buffers, or calls with and without an idle gap or a GEMM before them, neither resume nor fit
+    together."""
+    runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"], "gemm": ["--after-gemm", "32"]}
     for name, extra in runs.items():
         run_mpi(2, ["sweep", "--out", str(tmp_path / name), "--ops", "pingpong", "--sizes", "8,64", *extra, *FAST],
                 check=True)
     options = {name: read_run_json(tmp_path / name)["options"] for name in runs}
-    assert [(o["cache"], o["gap_ms"]) for o in options.values()] == [("cold", 0), ("warm", 0), ("cold", 2)]
+    assert [(o["cache"], o["gap_ms"], o["after_gemm"]) for o in options.values()] == [
+        ("cold", 0, 0), ("warm", 0, 0), ("cold", 2, 0), ("cold", 0, 32)]
     for name, extra, says in (("cold", ["--cache", "warm"], "measured with --cache cold, not warm"),
-                              ("gap", [], "measured with --gap-ms 2, not 0")):
+                              ("gap", [], "measured with --gap-ms 2, not 0"),
+                              ("gemm", ["--after-gemm", "64"], "measured with --after-gemm 32, not 64")):
         resumed = run_mpi(2, ["sweep", "--out", str(tmp_path / name), "--ops", "pingpong", "--sizes", "8,64",
                               "--resume", *extra, *FAST])
         assert resumed.returncode == 2 and says in resumed.stderr, resumed.stderr
     cal = tmp_path / "cal.json"
-    for pair, says in ((("cold", "warm"), "mix cold and warm buffers"), (("cold", "gap"), "mix gaps of 0 and 2 ms")):
+    for pair, says in ((("cold", "warm"), "mix cold and warm buffers"), (("cold", "gap"), "mix gaps of 0 and 2 ms"),
+                       (("cold", "gemm"), "mix GEMMs of N = 0 and 32")):
         mixed = run_cli(["fit", *(str(tmp_path / n) for n in pair), "--out", str(cal)])
         assert mixed.returncode == 2 and says in mixed.stderr, mixed.stderr
         assert not cal.exists()
-    run_cli(["fit", str(tmp_path / "gap"), "--out", str(cal)], check=True)
-    assert [(r["cache"], r["gap_ms"]) for r in json.loads(cal.read_text())["provenance"]["runs"]] == [("cold", 2)]
+    for name, want in (("gap", ("cold", 2, 0)), ("gemm", ("cold", 0, 32))):
+        run_cli(["fit", str(tmp_path / name), "--out", str(cal)], check=True)
+        runs = json.loads(cal.read_text())["provenance"]["runs"]
+        assert [(r["cache"], r["gap_ms"], r["after_gemm"]) for r in runs] == [want]
 
 
 def _visits(out) -> dict[str, tuple[int, int, int]]:
@@ -296,6 +320,7 @@ def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
     (["--min-samples", "3"], "at least 6"),
     (["--retries", "-1"], "--retries"),
     (["--gap-ms", "-1"], "--gap-ms must be between 0 and 1000"),
+    (["--after-gemm", "-4"], "--after-gemm must be between 0 and 8192"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "r"), *args])
