@@ -107,12 +107,12 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
     for name, table in (("strategies", frame), ("steps", steps)):
         atomic_write(f"{out}/{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
         atomic_write(f"{out}/{name}.csv", lambda p, t=table: t.to_csv(p, index=False))
-    overall = ranking.frame_scores(frame, args.top_k, args.bootstrap, args.seed)
+    m = ranking.flat(ranking.frame_scores(frame, args.top_k, args.bootstrap, args.seed))
     per_layer = {name: ranking.flat(ranking.frame_scores(g, args.top_k, args.bootstrap, args.seed))
                  for name, g in frame.groupby("layer", sort=False)}
     machine = provenance.machine_name(hosts)
     atomic_write_json(f"{out}/summary.json", {
-        "metrics": ranking.flat(overall), "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
+        "metrics": m, "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
@@ -124,7 +124,6 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
         "mpi_library_version": MPI.Get_library_version().strip(), "versions": provenance.software_versions(),
         "environment": provenance.relevant_environment()})
-    m = ranking.flat(overall)
     print(f"validate: wrote {out} ({len(frame)} strategies)")
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):

@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
     sweep.check_memory(points, per_rank, cfg.cache)
 
-    conditions = {"cache": cfg.cache, "gap_ms": cfg.gap_ms, "after_gemm": cfg.after_gemm}
+    conditions = records.conditions(vars(cfg))
     store = RunStore(args.out)
     error = None
     if world.rank == 0:
