@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import ranking
+from analysis import attribution, ranking
 
 LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
           "embedding:vocab=8192,dim=256,tokens=1024,density=0.05")
@@ -82,12 +82,15 @@ def main(argv=None) -> int:
     for run in runs:
         _run([*launch, *commcal, "validate", cal, "--mesh", "2x2", "--out", str(run), *layers,
               *shlex.split(args.validate_args)])
-    columns = {f"run {i + 1}": json.loads((run / "summary.json").read_text())["metrics"] for i, run in enumerate(runs)}
+    summaries = [json.loads((run / "summary.json").read_text()) for run in runs]
+    columns = {f"run {i + 1}": s["metrics"] for i, s in enumerate(summaries)}
     tables = [pd.read_parquet(run / "strategies.parquet") for run in runs]
     for a, b in permutations(range(len(runs)), 2):
         repeat = ranking.repeat_frame(tables[a], tables[b])
         columns[f"{a + 1} as {b + 1}"] = ranking.flat(ranking.frame_scores(repeat, 3, 1000, 0))
     _print(columns)
+    for i, s in enumerate(summaries):
+        print(f"run {i + 1}, where the error comes from:\n" + attribution.describe(s["by_link"], s["step_ratios"]))
     return 0
 
 

@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 from mpi4py import MPI
 
-from analysis import ranking
+from analysis import attribution, ranking
 from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
@@ -110,15 +110,19 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
     m = ranking.flat(ranking.frame_scores(frame, args.top_k, args.bootstrap, args.seed))
     per_layer = {name: ranking.flat(ranking.frame_scores(g, args.top_k, args.bootstrap, args.seed))
                  for name, g in frame.groupby("layer", sort=False)}
+    by_link = attribution.link_accuracy(frame, steps, args.bootstrap, args.seed)
+    ratios = attribution.step_ratios(steps)
     machine = provenance.machine_name(hosts)
     atomic_write_json(f"{out}/summary.json", {
         "metrics": m, "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
-        "layers": per_layer,
+        "layers": per_layer, "by_link": by_link, "step_ratios": ratios,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
-                  "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies"]})
+                  "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
+                  "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
+                  "time on that link class; step_ratios: measured / predicted time of each collective's steps"]})
     atomic_write_json(f"{out}/run.json", {
         "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
@@ -131,4 +135,5 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
                 v = m[pre + key]
                 ci = "" if v["ci95"] is None else f" [{v['ci95'][0]:.3g}, {v['ci95'][1]:.3g}]"
                 print(f"  {(pre or 'total_') + key:<22} {v['value']:.4g}{ci}")
+    print(attribution.describe(by_link, ratios))
 

@@ -64,6 +64,14 @@ def test_directory_is_what_the_report_reads(tmp_path):
     assert len(val.strategies) == 8 and {"predicted_comm_s", "measured_comm_s"} <= set(val.strategies.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
+    comm = val.strategies[val.strategies["comm_steps"] > 0]        # one node: all of it intra-node
+    assert list(summary["by_link"]) == ["intra"] and summary["by_link"]["intra"]["strategies"] == len(comm)
+    acc = summary["by_link"]["intra"]["comm_mean_accuracy"]["value"]
+    assert acc == pytest.approx(summary["metrics"]["comm_mean_accuracy"]["value"])
+    steps = pd.read_parquet(out / "steps.parquet")
+    ratios = {(r["op"], r["link"]): r for r in summary["step_ratios"]}
+    assert set(ratios) == {(op, "intra") for op in steps["op"] if op in OPS}
+    assert sum(r["steps"] for r in ratios.values()) == steps["op"].isin(OPS).sum()
     assert json.loads((out / "run.json").read_text())["mpi_library_version"]
 
 

@@ -1,0 +1,62 @@
+"""Where validate's prediction error comes from: communication accuracy over the strategies grouped by the
+link class that carries most of their measured communication, and each collective's measured over predicted
+step time per link class. Pure pandas over validate's strategies and steps tables."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import ranking
+from analysis.redistribute import COLLECTIVES
+
+KEY = ["layer", "strategy"]
+
+
+def _collective_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    return steps[steps["op"].isin(COLLECTIVES)]
+
+
+def dominant_link(steps: pd.DataFrame) -> pd.Series:
+    """Per (layer, strategy) with collective steps: the link class whose collectives took the largest part of
+    its measured time (the first in name order on a tie)."""
+    per_link = _collective_steps(steps).groupby(KEY + ["link"])["measured_s"].sum().reset_index()
+    per_link = per_link.sort_values(KEY + ["measured_s", "link"], ascending=[True, True, False, True])
+    return per_link.drop_duplicates(KEY).set_index(KEY)["link"].rename("comm_link")
+
+
+def link_accuracy(frame: pd.DataFrame, steps: pd.DataFrame, resamples: int, seed: int) -> dict:
+    """{link: {"strategies": n, "comm_mean_accuracy": {"value", "ci95"}}} over the communicating strategies of
+    validate's table `frame`, grouped by dominant_link; the CI bootstraps each layer's strategies."""
+    rows = frame[frame["comm_steps"] > 0].join(dominant_link(steps), on=KEY).dropna(subset=["comm_link"])
+    out = {}
+    for link, group in rows.groupby("comm_link"):
+        layers = [(g["predicted_comm_s"].to_numpy(), g["measured_comm_s"].to_numpy())
+                  for _, g in group.groupby("layer", sort=False)]
+        acc = ranking.score(layers, 1, resamples, seed)["mean_accuracy"]
+        out[str(link)] = {"strategies": len(group), "comm_mean_accuracy": acc.to_json()}
+    return out
+
+
+def step_ratios(steps: pd.DataFrame) -> list[dict]:
+    """Per (collective, link) with a positive price: how many steps, and the median and quartiles of their
+    measured over predicted time."""
+    rows = _collective_steps(steps)
+    rows = rows[rows["predicted_s"] > 0]
+    ratio = (rows["measured_s"] / rows["predicted_s"]).groupby([rows["op"], rows["link"]])
+    q = ratio.quantile([0.25, 0.5, 0.75]).unstack()
+    return [{"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),
+             "quartiles": [float(r[0.25]), float(r[0.75])]} for (op, link), r in q.iterrows()]
+
+
+def describe(by_link: dict, ratios: list[dict]) -> str:
+    """link_accuracy and step_ratios as indented lines for a terminal."""
+    lines = ["  comm_mean_accuracy by the link class carrying most of a strategy's communication:"]
+    for link, v in by_link.items():
+        acc = v["comm_mean_accuracy"]
+        ci = "" if acc["ci95"] is None else f" [{acc['ci95'][0]:.3g}, {acc['ci95'][1]:.3g}]"
+        lines.append(f"    {link:<8} {acc['value']:.4g}{ci}  ({v['strategies']} strategies)")
+    lines.append("  collective steps, measured / predicted time: median [quartiles] (steps)")
+    for r in ratios:
+        lines.append(f"    {r['op'] + '/' + r['link']:<22} {r['median']:.3f} [{r['quartiles'][0]:.3f}, "
+                     f"{r['quartiles'][1]:.3f}] ({r['steps']})")
+    return "\n".join(lines)

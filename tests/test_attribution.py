@@ -1,0 +1,62 @@
+"""analysis.attribution against hand-computed tables: which link class carries a strategy's communication,
+communication accuracy per link class, and measured / predicted step ratios per collective and link."""
+
+import pandas as pd
+import pytest
+
+from analysis import attribution
+
+STEPS = pd.DataFrame([
+    # layer, strategy, op, link, predicted_s, measured_s
+    ("L", "s1", "allgather", "inter", 0.010, 0.010),
+    ("L", "s1", "allgather", "intra", 0.001, 0.002),
+    ("L", "s1", "compute", "", 0.5, 0.9),               # not communication
+    ("L", "s2", "alltoall", "intra", 0.002, 0.004),
+    ("L", "s2", "alltoall", "intra", 0.002, 0.002),
+    ("L", "s2", "slice", "inter", 0.0, 0.010),           # local, not a collective: carries no link
+    ("L", "s3", "allreduce", "inter", 0.003, 0.003),     # a tie: the first link class by name
+    ("L", "s3", "allreduce", "intra", 0.003, 0.003),
+    ("M", "s1", "reduce_scatter", "intra", 0.004, 0.005),
+], columns=["layer", "strategy", "op", "link", "predicted_s", "measured_s"])
+FRAME = pd.DataFrame([
+    # layer, strategy, comm_steps, predicted_comm_s, measured_comm_s
+    ("L", "s1", 2, 0.011, 0.012),
+    ("L", "s2", 2, 0.002, 0.004),
+    ("L", "s3", 2, 0.006, 0.006),
+    ("L", "s4", 0, 0.0, 0.0),                             # no communication: left out
+    ("M", "s1", 1, 0.004, 0.005),
+], columns=["layer", "strategy", "comm_steps", "predicted_comm_s", "measured_comm_s"])
+
+
+def test_dominant_link_is_where_most_measured_time_went():
+    got = attribution.dominant_link(STEPS).to_dict()
+    assert got == {("L", "s1"): "inter", ("L", "s2"): "intra", ("L", "s3"): "inter", ("M", "s1"): "intra"}
+
+
+def test_accuracy_per_link_class_is_the_layers_mean():
+    got = attribution.link_accuracy(FRAME, STEPS, resamples=0, seed=0)
+    assert got["inter"]["strategies"] == 2
+    assert got["inter"]["comm_mean_accuracy"]["value"] == pytest.approx((1 - 1 / 12 + 1) / 2)
+    assert got["intra"]["strategies"] == 2       # layer L: 0.5, layer M: 0.8; layers weigh alike
+    assert got["intra"]["comm_mean_accuracy"]["value"] == pytest.approx((0.5 + 0.8) / 2)
+
+
+def test_accuracy_interval_contains_the_value():
+    acc = attribution.link_accuracy(FRAME, STEPS, resamples=200, seed=1)["inter"]["comm_mean_accuracy"]
+    lo, hi = acc["ci95"]
+    assert lo <= acc["value"] <= hi and lo >= 1 - 1 / 12 - 1e-12 and hi <= 1
+
+
+def test_step_ratios_per_collective_and_link():
+    got = {(r["op"], r["link"]): r for r in attribution.step_ratios(STEPS)}
+    assert set(got) == {("allgather", "inter"), ("allgather", "intra"), ("alltoall", "intra"),
+                        ("allreduce", "inter"), ("allreduce", "intra"), ("reduce_scatter", "intra")}
+    a2a = got[("alltoall", "intra")]
+    assert a2a["steps"] == 2 and a2a["median"] == pytest.approx(1.5) and a2a["quartiles"] == pytest.approx([1.25, 1.75])
+    assert got[("allgather", "intra")]["median"] == pytest.approx(2.0)
+    assert got[("reduce_scatter", "intra")]["median"] == pytest.approx(1.25)
+
+
+def test_describe_names_every_link_and_collective():
+    text = attribution.describe(attribution.link_accuracy(FRAME, STEPS, 0, 0), attribution.step_ratios(STEPS))
+    assert "inter    0.9583  (2 strategies)" in text and "alltoall/intra" in text and "1.500 [1.250, 1.750] (2)" in text
