@@ -49,7 +49,9 @@ def step_ratios(steps: pd.DataFrame) -> list[dict]:
 
 
 def describe(by_link: dict, ratios: list[dict]) -> str:
-    """link_accuracy and step_ratios as indented lines for a terminal."""
+    """link_accuracy and step_ratios as indented lines for a terminal (empty without any communication)."""
+    if not by_link and not ratios:
+        return ""
     lines = ["  comm_mean_accuracy by the link class carrying most of a strategy's communication:"]
     for link, v in by_link.items():
         acc = v["comm_mean_accuracy"]

@@ -60,3 +60,10 @@ def test_step_ratios_per_collective_and_link():
 def test_describe_names_every_link_and_collective():
     text = attribution.describe(attribution.link_accuracy(FRAME, STEPS, 0, 0), attribution.step_ratios(STEPS))
     assert "inter    0.9583  (2 strategies)" in text and "alltoall/intra" in text and "1.500 [1.250, 1.750] (2)" in text
+
+
+def test_describe_is_empty_without_communication():
+    only_compute = STEPS[STEPS["op"] == "compute"]
+    assert attribution.step_ratios(only_compute) == []
+    assert attribution.link_accuracy(FRAME[FRAME["comm_steps"] == 0], only_compute, 10, 0) == {}
+    assert attribution.describe({}, []) == ""
