@@ -54,9 +54,7 @@ def describe(by_link: dict, ratios: list[dict]) -> str:
         return ""
     lines = ["  comm_mean_accuracy by the link class carrying most of a strategy's communication:"]
     for link, v in by_link.items():
-        acc = v["comm_mean_accuracy"]
-        ci = "" if acc["ci95"] is None else f" [{acc['ci95'][0]:.3g}, {acc['ci95'][1]:.3g}]"
-        lines.append(f"    {link:<8} {acc['value']:.4g}{ci}  ({v['strategies']} strategies)")
+        lines.append(f"    {link:<8} {ranking.text(v['comm_mean_accuracy'])}  ({v['strategies']} strategies)")
     lines.append("  collective steps, measured / predicted time: median [quartiles] (steps)")
     for r in ratios:
         lines.append(f"    {r['op'] + '/' + r['link']:<22} {r['median']:.3f} [{r['quartiles'][0]:.3f}, "

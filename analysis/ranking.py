@@ -126,6 +126,12 @@ def frame_scores(frame, k: int, resamples: int, seed: int) -> dict:
     return out
 
 
+def text(metric: dict) -> str:
+    """A metric as to_json() writes it, as text: the value to 4 significant digits, then its CI to 3."""
+    ci = metric["ci95"]
+    return f"{metric['value']:.4g}" + ("" if ci is None else f" [{ci[0]:.3g}, {ci[1]:.3g}]")
+
+
 def flat(scored: dict) -> dict:
     """frame_scores' result as one dict: end-to-end names bare, communication ones prefixed "comm_"."""
     return {**scored["total"], **{f"comm_{n}": v for n, v in scored["comm"].items()}}

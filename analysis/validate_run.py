@@ -132,8 +132,6 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):
             if pre + key in m:
-                v = m[pre + key]
-                ci = "" if v["ci95"] is None else f" [{v['ci95'][0]:.3g}, {v['ci95'][1]:.3g}]"
-                print(f"  {(pre or 'total_') + key:<22} {v['value']:.4g}{ci}")
+                print(f"  {(pre or 'total_') + key:<22} {ranking.text(m[pre + key])}")
     print(attribution.describe(by_link, ratios))
 

@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,7 +84,6 @@ def test_score_over_layers_with_intervals():
 
 def test_one_run_scored_as_the_prediction_of_another():
     """repeat_frame pairs the strategies both runs measured; frame_scores scores them like validate does."""
-    import pandas as pd
     first = pd.DataFrame({"layer": ["a"] * 3 + ["b"] * 2, "strategy": ["x", "y", "z", "x", "y"],
                           "measured_s": [1.0, 2.0, 3.0, 5.0, 4.0], "measured_comm_s": [0.5, 1.0, 1.5, 0.0, 2.0],
                           "comm_steps": [1, 1, 1, 0, 2]})
