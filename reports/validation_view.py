@@ -8,7 +8,10 @@ A validation directory DIR holds (summary.json or the strategies table may be ab
       predicted-best strategy is the measured best), regret (measured time of the predicted-best strategy over
       the measured best, minus 1), mean_accuracy (mean of 1 - |predicted - measured| / measured), or any other
       metric; a "comm_" prefix scores communication time only. Other top-level members with scalar values
-      (calibration, mesh, machine, date, ...) are shown as a table.
+      (calibration, mesh, machine, date, ...) are shown as a table. Optional, where the error comes from:
+      "by_link": {LINK: {"strategies": n, "comm_mean_accuracy": {"value", "ci95"}}, ...} (communication accuracy
+      over the strategies whose collectives spent most of their time on LINK), and "step_ratios": [{"op", "link",
+      "steps": n, "median": r, "quartiles": [q1, q3]}, ...] (measured / predicted time of each collective's steps).
   DIR/strategies.parquet or DIR/strategies.csv   one row per (layer, strategy):
       required: layer, strategy, predicted_s, measured_s
       optional: predicted_low_s, predicted_high_s (prediction interval), measured_ci_low_s, measured_ci_high_s,
@@ -65,12 +68,39 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class LinkAccuracy:
+    """Communication mean accuracy over the strategies whose communication went mostly over one link class."""
+
+    link: str
+    strategies: int
+    accuracy: Metric
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    """Measured over predicted time of one collective's steps on one link class: median and quartiles."""
+
+    op: str
+    link: str
+    steps: int
+    median: float
+    q1: float
+    q3: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.op}/{self.link}"
+
+
+@dataclass(frozen=True)
 class Validation:
     path: Path
     metrics: tuple[Metric, ...] | None      # None: no summary.json
     layers: dict[str, tuple[Metric, ...]]   # per-layer metrics, where the summary gives them
     info: dict
     notes: tuple[str, ...]
+    by_link: tuple[LinkAccuracy, ...]
+    step_ratios: tuple[StepRatio, ...]
     meta: dict | None                       # run.json, where present
     strategies: pd.DataFrame | None         # None: no strategies file
 
@@ -84,20 +114,56 @@ def _number(value, where: str, nullable: bool = False) -> float | None:
     return float(value)
 
 
+def _metric(name: str, m, where: str) -> Metric:
+    if not isinstance(m, dict) or "value" not in m:
+        raise UsageError(f"{where} must be an object with a 'value'")
+    value = _number(m["value"], f"{where}.value", nullable=True)
+    ci = m.get("ci95")
+    if ci is not None and (not isinstance(ci, list) or len(ci) != 2):
+        raise UsageError(f"{where}.ci95 must be [low, high] or null")
+    low, high = (None, None) if ci is None else (_number(ci[0], f"{where}.ci95[0]"), _number(ci[1], f"{where}.ci95[1]"))
+    return Metric(name, value, low, high)
+
+
 def _metrics(obj, where: str) -> tuple[Metric, ...]:
     if not isinstance(obj, dict):
         raise UsageError(f"{where} must be an object of metrics")
+    return tuple(_metric(name, m, f"{where}.{name}") for name, m in obj.items())
+
+
+def _count(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"{where} must be a count (an integer >= 0), not {value!r}")
+    return value
+
+
+def _by_link(obj, where: str) -> tuple[LinkAccuracy, ...]:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where} must be an object of link classes")
     out = []
-    for name, m in obj.items():
-        if not isinstance(m, dict) or "value" not in m:
-            raise UsageError(f"{where}.{name} must be an object with a 'value'")
-        value = _number(m["value"], f"{where}.{name}.value", nullable=True)
-        ci = m.get("ci95")
-        if ci is not None and (not isinstance(ci, list) or len(ci) != 2):
-            raise UsageError(f"{where}.{name}.ci95 must be [low, high] or null")
-        low, high = (None, None) if ci is None else (_number(ci[0], f"{where}.{name}.ci95[0]"),
-                                                      _number(ci[1], f"{where}.{name}.ci95[1]"))
-        out.append(Metric(name, value, low, high))
+    for link, v in obj.items():
+        if not isinstance(v, dict) or "comm_mean_accuracy" not in v:
+            raise UsageError(f"{where}.{link} must be an object with 'strategies' and 'comm_mean_accuracy'")
+        out.append(LinkAccuracy(str(link), _count(v.get("strategies"), f"{where}.{link}.strategies"),
+                                _metric("comm_mean_accuracy", v["comm_mean_accuracy"],
+                                        f"{where}.{link}.comm_mean_accuracy")))
+    return tuple(out)
+
+
+def _step_ratios(obj, where: str) -> tuple[StepRatio, ...]:
+    if not isinstance(obj, list):
+        raise UsageError(f"{where} must be a list")
+    out = []
+    for i, r in enumerate(obj):
+        at = f"{where}[{i}]"
+        if not isinstance(r, dict) or not all(k in r for k in ("op", "link", "steps", "median", "quartiles")):
+            raise UsageError(f"{at} must be an object with op, link, steps, median and quartiles")
+        q = r["quartiles"]
+        if not isinstance(q, list) or len(q) != 2:
+            raise UsageError(f"{at}.quartiles must be [q1, q3]")
+        out.append(StepRatio(str(r["op"]), str(r["link"]), _count(r["steps"], f"{at}.steps"),
+                             _number(r["median"], f"{at}.median"), _number(q[0], f"{at}.quartiles[0]"),
+                             _number(q[1], f"{at}.quartiles[1]")))
     return tuple(out)
 
 
@@ -111,7 +177,8 @@ def _read_json(path: Path, what: str) -> dict:
     return data
 
 
-def _read_summary(path: Path) -> tuple[tuple[Metric, ...], dict[str, tuple[Metric, ...]], dict, tuple[str, ...]]:
+def _read_summary(path: Path) -> dict:
+    """Validation's summary members, each checked: metrics, layers, info, notes, by_link, step_ratios."""
     data = _read_json(path, "validation summary")
     if "metrics" not in data:
         raise UsageError(f"{path}: validation summary has no 'metrics'")
@@ -124,7 +191,9 @@ def _read_summary(path: Path) -> tuple[tuple[Metric, ...], dict[str, tuple[Metri
     if not isinstance(notes, list):
         raise UsageError(f"{path}: 'notes' must be a list of strings")
     info = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
-    return metrics, per_layer, info, tuple(map(str, notes))
+    return {"metrics": metrics, "layers": per_layer, "info": info, "notes": tuple(map(str, notes)),
+            "by_link": _by_link(data.get("by_link", {}), f"{path}: by_link"),
+            "step_ratios": _step_ratios(data.get("step_ratios", []), f"{path}: step_ratios")}
 
 
 def _read_strategies(path: Path) -> pd.DataFrame:
@@ -154,10 +223,10 @@ def load_validation(path: str | Path) -> Validation:
                  None)
     if not path.is_dir() or (not summary.is_file() and table is None):
         raise UsageError(f"{path}: not a validation directory (no summary.json or strategies.parquet/.csv)")
-    metrics, layers, info, notes = _read_summary(summary) if summary.is_file() else (None, {}, {}, ())
+    got = _read_summary(summary) if summary.is_file() else {"metrics": None, "layers": {}, "info": {}, "notes": (),
+                                                             "by_link": (), "step_ratios": ()}
     meta = _read_json(path / "run.json", "validation run.json") if (path / "run.json").is_file() else None
-    return Validation(path, metrics, layers, info, notes, meta,
-                      _read_strategies(table) if table is not None else None)
+    return Validation(path, meta=meta, strategies=_read_strategies(table) if table is not None else None, **got)
 
 
 def paired_bars_figure(frame: pd.DataFrame):
@@ -275,6 +344,35 @@ def per_layer_metrics_table(layers: dict[str, tuple[Metric, ...]]) -> Table:
                  tuple(rows))
 
 
+def link_table(by_link: tuple[LinkAccuracy, ...]) -> Table:
+    rows = tuple((a.link, str(a.strategies), _value(a.accuracy),
+                  "n/a" if a.accuracy.low is None else f"{a.accuracy.low:.4g} – {a.accuracy.high:.4g}") for a in by_link)
+    return Table("Communication accuracy by the link class carrying most of a strategy's communication",
+                 ("link class", "strategies", "comm mean accuracy", "95% CI"), rows)
+
+
+def step_ratio_table(ratios: tuple[StepRatio, ...]) -> Table:
+    rows = tuple((r.op, r.link, str(r.steps), f"{r.median:.3f}", f"{r.q1:.3f} – {r.q3:.3f}") for r in ratios)
+    return Table("Collective steps: measured / predicted time", ("collective", "link class", "steps", "median",
+                                                                 "quartiles"), rows)
+
+
+def step_ratio_figure(ratios: tuple[StepRatio, ...]):
+    """Each collective and link class: the median measured / predicted step time as a dot, its quartiles as a
+    bar, against the line of exact prediction (1)."""
+    fig, (ax,) = new_figure(max(5.0, 0.7 * len(ratios) + 2.0), 4.2)
+    links = list(dict.fromkeys(r.link for r in ratios))
+    for i, r in enumerate(ratios):
+        ax.errorbar([i], [r.median], yerr=[[r.median - r.q1], [r.q3 - r.median]], marker="o", capsize=4,
+                    color=COLORS[links.index(r.link) % len(COLORS)])
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(range(len(ratios)), [r.label for r in ratios], rotation=30, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(ratios) - 0.4)
+    ax.set_ylabel("measured / predicted step time")
+    ax.set_title("Collective steps: median and quartiles")
+    return fig
+
+
 def layers_table(frame: pd.DataFrame) -> Table:
     """Per layer: the measured best strategy, the predicted best, and the measured cost of trusting the prediction."""
     rows = []
@@ -320,6 +418,14 @@ def section(val: Validation | None, root: Path) -> Section:
                                                     "no ranking panel.")]
     else:
         blocks.append(Note(f"{val.path}: no ranking metrics (summary.json is missing or lists none)."))
+    if val.by_link:
+        blocks.append(link_table(val.by_link))
+    if val.step_ratios:
+        blocks += [step_ratio_table(val.step_ratios),
+                   save_figure(step_ratio_figure(val.step_ratios), root, "step-ratios", "Where the error comes from",
+                               "Measured over predicted time of each collective's steps per link class: the dot is "
+                               "the median, the bar the quartiles; on the dashed line a step takes what the "
+                               "calibration predicts.")]
     if val.strategies is None:
         blocks.append(Note(f"{val.path}: no strategies table (strategies.parquet/.csv): no per-strategy figures."))
         return Section("validation", title, tuple(blocks))

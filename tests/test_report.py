@@ -49,6 +49,10 @@ def write_validation(path: Path, with_summary: bool = True, fmt: str = "parquet"
                         "comm_top1": metric(1.0, 1.0, 1.0)},
             "layers": {"mlp.fc1": {"kendall_tau": metric(0.33, -0.5, 1.0), "top1": metric(0.0)},
                        "attn.qkv": {"kendall_tau": metric(-1.0), "top1": metric(0.0)}},
+            "by_link": {"inter": {"strategies": 3, "comm_mean_accuracy": metric(0.97, 0.95, 0.98)},
+                        "intra": {"strategies": 2, "comm_mean_accuracy": metric(0.84, 0.79, 0.87)}},
+            "step_ratios": [{"op": "allgather", "link": "inter", "steps": 5, "median": 1.07, "quartiles": [1.05, 1.08]},
+                            {"op": "alltoall", "link": "intra", "steps": 8, "median": 2.03, "quartiles": [1.6, 2.9]}],
             "notes": ["comm_*: communication time only"]}))
         (path / "run.json").write_text(json.dumps({"command": "validate", "machine": "testbox",
                                                    "mpi_library_version": "Open MPI v5.0.9"}))
@@ -163,6 +167,18 @@ def test_validation_figures_pair_bars_sorted_by_measured_time(inputs):
     assert tau.get_ylim()[0] < -1 and tau.get_ylim()[1] > 1 and tau.get_ylabel() == "value (95% CI)"
 
 
+def test_step_ratio_figure_draws_medians_and_quartiles_from_the_summary(inputs):
+    val = validation_view.load_validation(inputs["validation"])
+    assert [(a.link, a.strategies, a.accuracy.value) for a in val.by_link] == [("inter", 3, 0.97), ("intra", 2, 0.84)]
+    (ax,) = validation_view.step_ratio_figure(val.step_ratios).axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["allgather/inter", "alltoall/intra"]
+    dots = [line.get_ydata()[0] for line in ax.lines if line.get_marker() == "o"]
+    assert np.allclose(dots, [1.07, 2.03])
+    bars = [seg for c in ax.collections for seg in c.get_segments()]
+    assert np.allclose(sorted((s[0][1], s[1][1]) for s in bars), [(1.05, 1.08), (1.6, 2.9)])
+    assert any(np.allclose(line.get_ydata(), 1.0) for line in ax.lines if line.get_linestyle() == "--")
+
+
 def _legend_of(ax) -> list[str]:
     return [t.get_text() for t in ax.get_legend().get_texts()]
 
@@ -171,7 +187,7 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
     out = full_report
     figures = ["measured-allreduce-intra", "measured-allreduce-inter", "measured-pingpong-intra",
                "measured-gemm-intra", "alpha-beta-heatmap", "heldout-error", "ranking-accuracy",
-               "validation-bars", "validation-scatter"]
+               "step-ratios", "validation-bars", "validation-scatter"]
     for name in ["report.html", "report.md", *(f"figures/{f}.{ext}" for f in figures for ext in ("png", "svg"))]:
         assert (out / name).stat().st_size > 0, name
     html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
@@ -183,6 +199,8 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
     assert "synthetic calibration, not fitted" in html          # the fit's warnings
     assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html    # the validation summary
     assert "Ranking accuracy per layer" in html and "Open MPI v5.0.9" in html and "communication time only" in html
+    assert "<td>intra</td><td>2</td><td>0.84</td><td>0.79 – 0.87</td>" in html       # by_link
+    assert "<td>alltoall</td><td>intra</td><td>8</td><td>2.030</td><td>1.600 – 2.900</td>" in html  # step_ratios
     assert "No calibration given" not in html and "No validation given" not in html
 
 
@@ -215,14 +233,18 @@ def test_nothing_to_report_and_corrupt_inputs_are_one_line_usage_errors(inputs, 
     bad_cal.write_text(inputs["cal"].read_text()[:-20])
     bad_val = write_validation(tmp_path / "val")
     (bad_val / "summary.json").write_text('{"metrics": {"top1": {"value": "high"}}}')
+    bad_ratios = write_validation(tmp_path / "val2")
+    (bad_ratios / "summary.json").write_text('{"metrics": {}, "step_ratios": [{"op": "allgather", "link": "intra", '
+                                             '"steps": 3, "median": 1.2, "quartiles": [1.1]}]}')
     cases = [[], ["--run", str(bad_run)], ["--calibration", str(bad_cal)], ["--validation", str(bad_val)],
-             ["--validation", str(tmp_path)]]
+             ["--validation", str(tmp_path)], ["--validation", str(bad_ratios)]]
     for args in cases:
         assert main(["report", *args, "--out", str(tmp_path / "out")]) == 2, args
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == len(cases) and "Traceback" not in "".join(err)
     assert "nothing to report" in err[0] and "corrupt" in err[1] and "not valid JSON" in err[2]
     assert "metrics.top1.value" in err[3] and "not a validation directory" in err[4]
+    assert "step_ratios[0].quartiles must be [q1, q3]" in err[5]
     assert not (tmp_path / "out" / "report.html").exists()
 
 
