@@ -13,7 +13,9 @@
 #   slurm/cluster.sh wait JOBID [TIMEOUT_S]   wait for a job to end (polls every 0.2 s);
 #                                  exit 0 if it COMPLETED, 1 otherwise (state printed)
 #   slurm/cluster.sh mpirun ARGS...   plain-MPI mode: mpirun on the login node, launching its
-#                                  daemons on node1..nodeN through slurm/localcluster/nsagent
+#                                  daemons on node1..nodeN through slurm/localcluster/nsagent;
+#                                  ranks unbound unless ARGS has --bind-to (core: a node's k-th rank
+#                                  on core k)
 #   slurm/cluster.sh env           print `export` lines: PATH with wrappers for sbatch, srun, ...
 #
 # Environment: COMMCAL_CLUSTER_DIR (state: config, spool, logs, munge key; default
@@ -410,10 +412,15 @@ cmd_mpirun() {
   [ -n "$mpirun" ] || die "no mpirun on PATH (activate the venv)"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 COMMCAL_CLUSTER_DIR=$D
   mpi_defaults
+  # Unbound unless the caller binds: every node sees the same cores, so default binding would put
+  # each node's first rank on core 0. `--bind-to core` puts a node's k-th rank on core k, so a job
+  # with as many ranks per node as cores keeps a node's ranks on different cores.
+  local bind=(--bind-to none) a
+  for a in "$@"; do [[ $a == --bind-to || $a == --bind-to=* ]] && bind=(); done
   # The daemons and ranks start through nsagent, which enters the node's namespaces; they
   # inherit this environment, so PATH and the venv carry over. Keep MPI off the bridge to ctl.
   nsenter -t "$pid" --net --uts --mount -- /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" \
-    "$mpirun" --prtemca plm_ssh_agent "$D/bin/nsagent" --hostfile "$D/hostfile" --bind-to none "$@"
+    "$mpirun" --prtemca plm_ssh_agent "$D/bin/nsagent" --hostfile "$D/hostfile" "${bind[@]}" "$@"
 }
 
 cmd_env() {

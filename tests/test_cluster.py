@@ -289,6 +289,30 @@ def test_plain_mpirun_sweep_across_the_nodes(cluster):
     assert res["best_bandwidth_Bps"] < 1.05 * EXPECTED_BPS, res  # the tbf rate is a ceiling
 
 
+AFFINITY = ("import json, os, socket; from mpi4py import MPI; "
+            "print(json.dumps([MPI.COMM_WORLD.rank, socket.gethostname(), sorted(os.sched_getaffinity(0))]))")
+
+
+def test_mpirun_leaves_ranks_unbound_unless_asked_to_bind_them_to_cores(cluster):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("binding two ranks per node to cores needs two CPUs")
+    cpus = sorted(os.sched_getaffinity(0))
+
+    def placement(*bind: str) -> dict[str, list[list[int]]]:
+        proc = cluster.run("mpirun", *bind, "-n", "4", "--host", "node1:2,node2:2", sys.executable, "-c", AFFINITY,
+                           timeout=120)
+        rows = sorted(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+        assert [r[0] for r in rows] == [0, 1, 2, 3], proc.stdout + proc.stderr
+        return {node: [r[2] for r in rows if r[1] == node] for node in NODES}
+
+    assert placement() == {node: [cpus, cpus] for node in NODES}
+    # a node's k-th rank on the k-th core (the same on every node): the two ranks of a node never share one
+    bound = placement("--bind-to", "core")
+    first, second = bound["node1"]
+    assert bound["node2"] == bound["node1"] and first and second and not set(first) & set(second), bound
+    assert set(first) < set(cpus) and set(second) < set(cpus), bound
+
+
 def test_down_stops_everything_and_is_safe_twice(cluster):
     anchors = [int((cluster.state / "pids" / f"anchor-{n}.pid").read_text()) for n in ("ctl", *NODES)]
     cluster.run("down", timeout=120)
