@@ -327,8 +327,12 @@ def _value(m: Metric) -> str:
     return "n/a" if m.value is None else f"{m.value:.4g}"
 
 
+def _interval(m: Metric) -> str:
+    return "n/a" if m.low is None else f"{m.low:.4g} – {m.high:.4g}"
+
+
 def metrics_table(metrics: tuple[Metric, ...]) -> Table:
-    rows = tuple((m.scope, m.title, _value(m), "n/a" if m.low is None else f"{m.low:.4g} – {m.high:.4g}")
+    rows = tuple((m.scope, m.title, _value(m), _interval(m))
                  for m in sorted(metrics, key=lambda m: m.name.startswith("comm_")))
     return Table("Ranking accuracy over all layers", ("scope", "metric", "value", "95% CI"), rows)
 
@@ -345,8 +349,7 @@ def per_layer_metrics_table(layers: dict[str, tuple[Metric, ...]]) -> Table:
 
 
 def link_table(by_link: tuple[LinkAccuracy, ...]) -> Table:
-    rows = tuple((a.link, str(a.strategies), _value(a.accuracy),
-                  "n/a" if a.accuracy.low is None else f"{a.accuracy.low:.4g} – {a.accuracy.high:.4g}") for a in by_link)
+    rows = tuple((a.link, str(a.strategies), _value(a.accuracy), _interval(a.accuracy)) for a in by_link)
     return Table("Communication accuracy by the link class carrying most of a strategy's communication",
                  ("link class", "strategies", "comm mean accuracy", "95% CI"), rows)
 
