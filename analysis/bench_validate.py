@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import attribution, ranking
+from microbench import provenance
 
 LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
           "embedding:vocab=8192,dim=256,tokens=1024,density=0.05")
@@ -91,6 +92,7 @@ def main(argv=None) -> int:
     _print(columns)
     for i, s in enumerate(summaries):
         print(f"run {i + 1}, where the error comes from:\n" + attribution.describe(s["by_link"], s["step_ratios"]))
+        print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(s['cpu_steal'])}")
     return 0
 
 

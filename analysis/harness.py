@@ -12,6 +12,7 @@ import numpy as np
 from analysis.harness_exec import Program, Runner
 from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from analysis.sbp import P, local_slices
+from microbench import provenance
 from microbench.stats import Estimate, StopRule, pooled_estimate, round_spread, sample_until_done
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
@@ -34,6 +35,7 @@ class Timed:
     max_rel_err: float
     rounds: int = 1
     round_spread: float = 0.0
+    cpu_steal: float | None = None
 
 
 def layer_data(layer: Layer, seed: int, dtype: str) -> dict:
@@ -71,6 +73,7 @@ class Bench:
         self.runner, self.prog = runner, prog
         self.visits: list[np.ndarray] = []
         self.max_rel_err = np.inf
+        self.cpu_ticks: np.ndarray | None = np.zeros(8, dtype=np.int64)   # None: this host cannot tell
 
     def _once(self) -> tuple[dict, np.ndarray]:
         coll, env = self.runner.coll, dict(self.prog.inputs)
@@ -101,12 +104,20 @@ class Bench:
         self.max_rel_err = float(errs.max(initial=0.0))
 
     def visit(self, rule: StopRule) -> None:
-        """Warm up, then time batches of iterations until the rule (this visit's share of the budget) is met."""
+        """Warm up, then time batches of iterations until the rule (this visit's share of the budget) is met;
+        this host's CPU time counters are read around it, for the steal during the strategy's visits."""
+        before = provenance.cpu_counters()
         _, per_iter = self._batch(1)
         self.visits.append(sample_until_done(self._batch, rule, per_iter, lambda rows: rows.sum(axis=1)))
+        after = provenance.cpu_counters()
+        if before is None or after is None or self.cpu_ticks is None:
+            self.cpu_ticks = None
+        else:
+            self.cpu_ticks += np.subtract(after, before)
 
     def timed(self, rule: StopRule) -> Timed:
-        """The pooled visits: totals, communication and compute, each item's median, the target, the spread."""
+        """The pooled visits: totals, communication and compute, each item's median, the target, the spread and
+        this host's CPU steal over the visits."""
         comm = np.array([it.is_comm for it in self.prog.items], dtype=bool)
 
         def pooled(cols: np.ndarray) -> Estimate:
@@ -116,5 +127,6 @@ class Bench:
         est = pooled(np.ones_like(comm))
         items = tuple(pooled(np.arange(len(comm)) == i).median for i in range(len(comm)))
         spread = round_spread([v.sum(axis=1) for v in self.visits], est.median)
+        steal = None if self.cpu_ticks is None else provenance.steal_fraction((0,) * 8, tuple(self.cpu_ticks))
         return Timed(est, pooled(comm), pooled(~comm), items, rule.met(est), self.max_rel_err, len(self.visits),
-                     spread)
+                     spread, steal)

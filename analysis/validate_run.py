@@ -4,7 +4,9 @@ every rank, then rank 0 scores and writes DIR (atomic writes)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 from mpi4py import MPI
 
@@ -44,6 +46,7 @@ def main(args, cfg, layers, cal) -> int:
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}", flush=True)
     rows, steps = [], []
+    counters = provenance.cpu_counters()
     try:
         visit_rule = cfg.rule.visit(cfg.rounds)
         for li, (name, layer, opts, chosen) in enumerate(work):
@@ -57,8 +60,10 @@ def main(args, cfg, layers, cal) -> int:
             for _ in range(cfg.rounds):             # passes over the strategies, so that drift hits them alike
                 for _, _, bench in benches:
                     bench.visit(visit_rule)
-            for i, why, bench in benches:
-                timed = bench.timed(cfg.rule)
+            timings = [bench.timed(cfg.rule) for _, _, bench in benches]
+            steals = coll.world_max(np.array([-1.0 if t.cpu_steal is None else t.cpu_steal for t in timings]))
+            for (i, why, bench), timed, steal in zip(benches, timings, steals):
+                timed = replace(timed, cpu_steal=float(steal) if steal >= 0 else None)   # the most stolen host
                 rows.append(_row(name, layer, opts, i, why, bench.prog, timed))
                 steps += _step_rows(name, opts.schedules[i].strategy.id, bench.prog, timed, pricer)
             say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok", flush=True)
@@ -68,8 +73,9 @@ def main(args, cfg, layers, cal) -> int:
         return 1
     finally:
         coll.free()
+    steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
-        _write(args, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal)
+        _write(args, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal)
     return 0
 
 
@@ -82,7 +88,7 @@ def _row(name, layer, opts, i, why, prog, timed) -> dict:
             "measured_ci_high_s": timed.total.ci_high, "measured_comm_s": timed.comm.median,
             "measured_compute_s": timed.compute.median, "samples": timed.total.samples,
             "target_met": timed.target_met, "rounds": timed.rounds, "round_spread": timed.round_spread,
-            "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err}
+            "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err, "cpu_steal": timed.cpu_steal}
 
 
 def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
@@ -99,7 +105,7 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     return out
 
 
-def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> None:
+def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict) -> None:
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
     comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
@@ -118,20 +124,23 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal) -> 
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
-        "layers": per_layer, "by_link": by_link, "step_ratios": ratios,
+        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
-                  "time on that link class; step_ratios: measured / predicted time of each collective's steps"]})
+                  "time on that link class; step_ratios: measured / predicted time of each collective's steps",
+                  "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
+                  "(null: unknown)"]})
     atomic_write_json(f"{out}/run.json", {
         "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
         "mpi_library_version": MPI.Get_library_version().strip(), "versions": provenance.software_versions(),
-        "environment": provenance.relevant_environment()})
+        "environment": provenance.relevant_environment(), "cpu_steal": steal})
     print(f"validate: wrote {out} ({len(frame)} strategies)")
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):
             if pre + key in m:
                 print(f"  {(pre or 'total_') + key:<22} {ranking.text(m[pre + key])}")
     print(attribution.describe(by_link, ratios))
+    print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(steal)}")
 

@@ -163,7 +163,7 @@ def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
     """The whole calibration dict (validated by the caller against the schema)."""
     pts = runs.points
     comm = pts[~pts["op"].isin(LOCAL_OPS)]
-    models, hockney, warnings = {}, [], list(runs.dropped)
+    models, hockney, warnings = {}, [], list(runs.notes)
     for (op, link), df in comm.groupby(["op", "link"], sort=True):
         # one rank communicates with nobody: the algorithm shapes are 0 there, so only p > 1 fits a model
         shared = df if op in P2P_OPS else df[df["procs"] > 1]

@@ -43,6 +43,45 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_counters() -> tuple[int, ...] | None:
+    """This host's CPU time since boot in clock ticks, /proc/stat's first eight "cpu" counters (user nice system
+    idle iowait irq softirq steal), or None where the kernel does not give them."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu "):
+                    fields = tuple(int(x) for x in line.split()[1:9])
+                    return fields if len(fields) == 8 else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def steal_fraction(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> float | None:
+    """The share of this host's CPU time between two cpu_counters() readings that a hypervisor ran other
+    guests instead (steal): time-sharing the timings cannot see; None when a reading is missing or no time passed."""
+    if before is None or after is None:
+        return None
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    return delta[7] / total if total > 0 else None
+
+
+def host_steal(comm, hosts: list[str], before: tuple[int, ...] | None) -> dict[str, float | None]:
+    """Per host, steal_fraction since `before` (collective over comm; every rank gets the table). Ranks of one
+    host read the same counters, so each host's first rank answers for it."""
+    mine = steal_fraction(before, cpu_counters())
+    out: dict[str, float | None] = {}
+    for host, fraction in zip(hosts, comm.allgather(mine)):
+        out.setdefault(host, fraction)
+    return out
+
+
+def steal_text(steal: dict[str, float | None]) -> str:
+    """'node1 2.7%, node2 3.1%' ('unknown' where a host could not tell)."""
+    return ", ".join(f"{h} {'unknown' if f is None else f'{100 * f:.1f}%'}" for h, f in steal.items())
+
+
 def machine_name(hosts: list[str]) -> str:
     """The cluster's name for file names: Slurm's cluster name, else the first host's name."""
     return os.environ.get("SLURM_CLUSTER_NAME") or (hosts[0] if hosts else socket.gethostname())

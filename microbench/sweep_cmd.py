@@ -207,11 +207,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)
+    counters = provenance.cpu_counters()
     wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend)
+    steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         store.consolidate()
-        store.write_run(meta | {"end_time": provenance.now()})
-        print(f"commcal sweep: done, results in {args.out}", flush=True)
+        store.write_run(meta | {"end_time": provenance.now(), "cpu_steal": steal})
+        print(f"commcal sweep: done, results in {args.out}; CPU time taken by the hypervisor (steal): "
+              f"{provenance.steal_text(steal)}", flush=True)
         if wrong:
             print(f"commcal: error: {wrong} wrong result elements (see the 'wrong' column of {args.out}/summary.csv)",
                   file=sys.stderr, flush=True)

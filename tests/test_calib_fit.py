@@ -3,6 +3,7 @@ outlying iterations and bad points; the fit must recover the parameters, the alg
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -164,3 +165,15 @@ def test_a_slow_visit_with_many_samples_does_not_set_a_points_median(tmp_path):
     pts = load_runs([str(run)]).points.set_index("point_id")
     assert pts.loc[pid, "n_samples"] == 50
     assert pts.loc[pid, "seconds"] == pytest.approx(base)          # plain pooling: 3 * base
+
+
+def test_fit_warns_about_each_host_the_hypervisor_took_much_cpu_time_from(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", {("allreduce", "intra"): TRUTH[("allreduce", "intra")]},
+                              {"intra": [2]}, samples=5, seed=1)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(meta | {"cpu_steal": {"node1": 0.34, "node2": 0.049, "node3": None}}))
+    cal = fit_calibration(load_runs([str(run)]))
+    steal = [w for w in cal["warnings"] if "cpu_steal" in w]
+    assert len(steal) == 1 and "34% of node1's CPU time" in steal[0]
+    (run / "run.json").write_text(json.dumps(meta))        # sweeps from before the record: no warning
+    assert not [w for w in fit_calibration(load_runs([str(run)]))["warnings"] if "cpu_steal" in w]

@@ -1,12 +1,14 @@
 """Pure parts of the measurement engine: sizes, the median CI and stopping rule, bus factors,
-layouts, and link-class groups. No MPI needed."""
+layouts, link-class groups and the CPU steal arithmetic. No MPI needed."""
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
+from microbench import provenance
 from microbench.buffers import Pool, address
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
@@ -256,6 +258,26 @@ def test_pure_modules_do_not_import_mpi4py_or_cupy():
             "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_steal_is_the_steal_counters_share_of_all_cpu_time_between_two_readings():
+    before = (100, 5, 50, 800, 10, 1, 4, 30)
+    after = (200, 5, 70, 880, 10, 1, 4, 50)       # 100 + 20 + 80 + 20 ticks pass, 20 of them stolen
+    assert provenance.steal_fraction(before, after) == pytest.approx(20 / 220)
+    assert provenance.steal_fraction(before, before) is None            # no time passed
+    assert provenance.steal_fraction(None, after) is None and provenance.steal_fraction(before, None) is None
+    assert provenance.steal_text({"a": 20 / 220, "b": None}) == "a 9.1%, b unknown"
+
+
+def test_cpu_counters_are_this_hosts_eight_tick_counters_and_only_grow():
+    first = provenance.cpu_counters()
+    if first is None:
+        pytest.skip("this kernel has no /proc/stat cpu line")
+    time.sleep(0.1)
+    second = provenance.cpu_counters()
+    assert len(first) == 8 and all(b >= a >= 0 for a, b in zip(first, second))
+    assert sum(second) > sum(first)
+    assert 0 <= provenance.steal_fraction(first, second) <= 1
 
 
 def test_cold_slots_are_page_aligned_copies_of_the_pair_filling_the_pool():

@@ -63,7 +63,8 @@ def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
     assert meta["page_policy"] == "nohugepage"
     assert meta["options"]["cache"] == "cold"
     assert "OMPI_ALLOW_RUN_AS_ROOT" in meta["environment"]
-    assert "allreduce" in proc.stdout and "done" in proc.stdout
+    assert set(meta["cpu_steal"]) == set(meta["hosts"]) and all(0 <= f <= 1 for f in meta["cpu_steal"].values())
+    assert "allreduce" in proc.stdout and "done" in proc.stdout and "(steal): " in proc.stdout
 
 
 def test_python_timing_path_is_recorded(tmp_path):

@@ -42,6 +42,8 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
     assert (frame["max_rel_err"] <= TOLERANCE["float32"]).all()
     assert (frame["measured_s"] > 0).all() and (frame["samples"] >= 2 * 3).all()
     assert (frame["rounds"] == 3).all() and (frame["round_spread"] >= 0).all()   # three passes, pooled
+    steal = frame["cpu_steal"].dropna()          # unknown only where a strategy's visits spanned no clock tick
+    assert len(steal) and steal.between(0, 1).all()
     comm = frame[frame["comm_steps"] > 0]
     assert len(comm) and (comm["measured_comm_s"] > 0).all() and (comm["predicted_comm_s"] > 0).all()
     assert (frame.loc[frame["comm_steps"] == 0, "measured_comm_s"] == 0).all()
@@ -72,7 +74,9 @@ def test_directory_is_what_the_report_reads(tmp_path):
     ratios = {(r["op"], r["link"]): r for r in summary["step_ratios"]}
     assert set(ratios) == {(op, "intra") for op in steps["op"] if op in OPS}
     assert sum(r["steps"] for r in ratios.values()) == steps["op"].isin(OPS).sum()
-    assert json.loads((out / "run.json").read_text())["mpi_library_version"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["mpi_library_version"] and run["cpu_steal"] == summary["cpu_steal"]
+    assert set(summary["cpu_steal"]) == set(run["hosts"]) and 0 <= summary["cpu_steal"][run["hosts"][0]] <= 1
 
 
 @pytest.mark.parametrize("ranks,args,says", [
