@@ -127,6 +127,6 @@ class Bench:
         est = pooled(np.ones_like(comm))
         items = tuple(pooled(np.arange(len(comm)) == i).median for i in range(len(comm)))
         spread = round_spread([v.sum(axis=1) for v in self.visits], est.median)
-        steal = None if self.cpu_ticks is None else provenance.steal_fraction((0,) * 8, tuple(self.cpu_ticks))
+        steal = None if self.cpu_ticks is None else provenance.steal_share(self.cpu_ticks)
         return Timed(est, pooled(comm), pooled(~comm), items, rule.met(est), self.max_rel_err, len(self.visits),
                      spread, steal)

@@ -57,14 +57,18 @@ def cpu_counters() -> tuple[int, ...] | None:
     return None
 
 
+def steal_share(ticks) -> float | None:
+    """The steal counter's share of elapsed cpu_counters() ticks (None when no time passed)."""
+    total = int(sum(ticks))
+    return int(ticks[7]) / total if total > 0 else None
+
+
 def steal_fraction(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> float | None:
     """The share of this host's CPU time between two cpu_counters() readings that a hypervisor ran other
     guests instead (steal): time-sharing the timings cannot see; None when a reading is missing or no time passed."""
     if before is None or after is None:
         return None
-    delta = [b - a for a, b in zip(before, after)]
-    total = sum(delta)
-    return delta[7] / total if total > 0 else None
+    return steal_share([b - a for a, b in zip(before, after)])
 
 
 def host_steal(comm, hosts: list[str], before: tuple[int, ...] | None) -> dict[str, float | None]:
