@@ -6,9 +6,11 @@
     python -m analysis.bench_validate --launch "slurm/cluster.sh mpirun -n 4 --host node1:2,node2:2" --out /tmp/bv
     slurm/cluster.sh down
 
---calibration CAL skips the sweep and the fit. --repeat N validates N times (DIR/validate, DIR/validate-2, ...)
-and also scores each run's measured times as the prediction of another's: the figures no cost model can beat
-on a machine whose measurements repeat only that well."""
+Besides the plain sweep, a second sweep runs every collective right after a --after-gemm N x N GEMM (default
+384; 0: none), and the fit turns it into the after-compute models that price the collectives of a training step
+that follow a computation. --calibration CAL skips the sweeps and the fit. --repeat N validates N times
+(DIR/validate, DIR/validate-2, ...) and also scores each run's measured times as the prediction of another's: the
+figures no cost model can beat on a machine whose measurements repeat only that well."""
 
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ def main(argv=None) -> int:
     p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
     p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
+    p.add_argument("--after-gemm", type=int, default=384, metavar="N",
+                   help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
     p.add_argument("--repeat", type=int, default=1, help="validate this many times (default 1)")
     args = p.parse_args(argv)
@@ -75,9 +79,13 @@ def main(argv=None) -> int:
     cal = args.calibration
     if cal is None:
         cal = str(out / "calibration.json")
-        _run([*launch, *commcal, "sweep", "--out", str(out / "sweep"), *SWEEP, "--links", args.links,
-              *shlex.split(args.sweep_args)])
-        _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
+        sweep = [*launch, *commcal, "sweep", *SWEEP, "--links", args.links, *shlex.split(args.sweep_args)]
+        _run([*sweep, "--out", str(out / "sweep")])
+        after = []
+        if args.after_gemm:
+            _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(args.after_gemm)])
+            after = ["--after-compute", str(out / "sweep-after")]
+        _run([*commcal, "fit", str(out / "sweep"), *after, "--out", cal])
     layers = [a for spec in LAYERS for a in ("--layer", spec)]
     runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
     for run in runs:

@@ -5,7 +5,6 @@ Array module `xp` is a parameter; nothing here imports MPI."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -114,8 +113,9 @@ class Runner:
         kind = {Linear: self._linear, Elementwise: self._elementwise, Attention: self._attention,
                 Embedding: self._embedding}[type(layer)]
         prog = kind(layer, sched, data, np.dtype(dtype))
-        if Counter(i.entry for i in prog.items) != Counter(sched.steps):
-            raise ValueError(f"{layer.name} {sched.strategy.id}: the harness would not run the priced schedule")
+        if tuple(i.entry for i in prog.items) != sched.steps:
+            raise ValueError(f"{layer.name} {sched.strategy.id}: the harness would not run the priced schedule in "
+                             f"its order")
         return prog
 
     def _computes(self, phase, fns: dict) -> list[Item]:

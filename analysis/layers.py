@@ -288,7 +288,7 @@ class Embedding(Layer):
         yl = self._local(self.out_shape, g.y, mesh)
         # traffic: a lookup reads only the rows it gathers; the gradient is a zero-filled table into whose
         # touched rows dY is added (read and written)
-        fwd, bwd = [], [Compute("dW[ids] += dY", (yl, yl), tl, 0.0)]
+        moves, exchanges = [], []
         density = self.density
         for axis, c in enumerate(s.choices):
             grp = mesh.axes[axis]
@@ -296,20 +296,20 @@ class Embedding(Layer):
                 continue
             rows_b = math.prod(yl) * self.itemsize
             if c == "r":
-                a2a = Step(axis, "alltoall", g.y, g.y, 0, 0, grp.size, grp.link, yl, yl, rows_b, rows_b)
-                fwd.append(a2a)
-                bwd.append(a2a)
+                moves.append(Step(axis, "alltoall", g.y, g.y, 0, 0, grp.size, grp.link, yl, yl, rows_b, rows_b))
                 continue
             src = table[:axis] + (P,) + table[axis + 1:]
             if c == "dar":
                 nbytes = math.prod(tl) * self.itemsize
-                bwd.append(Step(axis, "allreduce", src, table, None, None, grp.size, grp.link, tl, tl, nbytes, nbytes))
+                exchanges.append(Step(axis, "allreduce", src, table, None, None, grp.size, grp.link, tl, tl, nbytes,
+                                      nbytes))
             else:
                 rows = max(1, round(min(1.0, density) * tl[0]))
                 nbytes = rows * (tl[1] * self.itemsize + 8)
-                bwd.append(Step(axis, "allgather", src, table, 0, None, grp.size, grp.link, (rows, tl[1]),
-                                (rows * grp.size, tl[1]), nbytes, nbytes * grp.size))
+                exchanges.append(Step(axis, "allgather", src, table, 0, None, grp.size, grp.link, (rows, tl[1]),
+                                      (rows * grp.size, tl[1]), nbytes, nbytes * grp.size))
                 density = min(1.0, density * grp.size)
-        fwd.insert(0, Compute("Y = W[ids]", (yl,), yl, 0.0))
+        fwd = (Compute("Y = W[ids]", (yl,), yl, 0.0), *moves)
+        bwd = (*moves[::-1], Compute("dW[ids] += dY", (yl, yl), tl, 0.0), *exchanges)
         mem = self.itemsize * ((2 + OPTIMIZER_STATES) * math.prod(tl) + math.prod(yl))
-        return Schedule(s, tuple(fwd), tuple(bwd), mem)
+        return Schedule(s, fwd, bwd, mem)

@@ -11,7 +11,7 @@ import json
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.pricing import Pricer
+from analysis.pricing import Pricer, after_compute
 from analysis.search import Tabulator
 from analysis.search_cmd import fmt_bytes, fmt_s, nics_per_node
 from analysis.summary import chain_steps
@@ -30,16 +30,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type")
 
 
-def _row(st, pricer: Pricer) -> dict:
+def _row(st, after: bool, pricer: Pricer) -> dict:
     if isinstance(st, Compute):
         return {"kind": "compute", "expr": st.expr, "operand_shapes": st.operand_shapes,
                 "out_shape": st.out_shape, "flops": st.flops, "seconds": pricer.step_seconds(st)}
     return {"kind": "comm" if st.is_comm else "local", "op": st.op, "axis": st.axis, "link": st.link,
+            "after_compute": after,
             "priced_link": pricer.link(st.op, st.axis) if st.is_comm else None, "src": list(map(str, st.src)),
             "dst": list(map(str, st.dst)), "gather_dim": st.gather_dim, "scatter_dim": st.scatter_dim,
             "group_size": st.group_size, "in_shape": st.in_shape, "out_shape": st.out_shape,
             "bytes_per_rank": st.bytes_per_rank, "size_bytes": st.size_bytes, "local_copies": list(st.copies),
-            "seconds": pricer.step_seconds(st)}
+            "seconds": pricer.step_seconds(st, after)}
 
 
 def run_strategy(args: argparse.Namespace, calibration) -> int:
@@ -61,7 +62,8 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
     sched = tables.options[0].schedules[c]
     if not sched.feasible:
         raise UsageError(f"strategy {strategy.id} cannot run: {sched.reason}")
-    parts = [(where, [_row(st, pricer) for st in steps]) for where, steps in chain_steps(tables, [c])]
+    parts = [(where, [_row(st, after, pricer) for st, after in zip(steps, after_compute(steps))])
+             for where, steps in chain_steps(tables, [c])]
     total = sum(r["seconds"] for _, rows in parts for r in rows)
     out = {"layer": args.layer, "strategy": strategy.id, "mesh": str(mesh), "total_s": total,
            "memory_bytes": sched.memory_bytes, "steps": [{"where": w, **r} for w, rows in parts for r in rows]}
@@ -76,6 +78,7 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
                 what = f"{r['expr']}  {' x '.join(map(str, r['operand_shapes']))}"
             else:
                 what = (f"{r['op']} axis {r['axis']} ({r['link']}, {r['group_size']} ranks) "
-                        f"[{', '.join(r['src'])}] -> [{', '.join(r['dst'])}] {r['bytes_per_rank']} B/rank")
+                        f"[{', '.join(r['src'])}] -> [{', '.join(r['dst'])}] {r['bytes_per_rank']} B/rank"
+                        + (", after compute" if r["after_compute"] and calibration.after_gemm else ""))
             print(f"  {where:<22} {what}  {fmt_s(r['seconds'])}")
     return 0

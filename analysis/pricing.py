@@ -4,7 +4,9 @@ priced by the calibration entry of the axis's link class at the axis's group siz
 size of the step; a local computation costs the GEMM latency plus the longer of its flops at the GEMM rate
 and its memory traffic at the local copy rate (a roofline); each local layout copy that a step makes (a
 split off the outer dimension, say) costs the copy latency plus its bytes read and written at that rate,
-in the step's own time (communication or compute, as the harness measures it). Calibrations without a
+in the step's own time (communication or compute, as the harness measures it). A collective that directly
+follows a local computation in its schedule is priced by the calibration's after-compute models where it has them
+(`commcal fit --after-compute`): on a time-shared host such calls run slower than back to back. Calibrations without a
 copy rate (before version 3) price no traffic and no copies.
 Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra;
 spread -> inter -> intra (the link actually used is what breakdowns report); an op it lacks on every link
@@ -58,13 +60,14 @@ class Pricer:
             self._link[key] = next((lk for lk in FALLBACK[want] if self.cal.has(op, lk)), None)
         return self._link[key]
 
-    def seconds(self, op: str, axis: int, size_bytes) -> np.ndarray:
-        """Vectorised seconds of `op` on `axis` for nccl-tests sizes `size_bytes`."""
+    def seconds(self, op: str, axis: int, size_bytes, after: bool = False) -> np.ndarray:
+        """Vectorised seconds of `op` on `axis` for nccl-tests sizes `size_bytes`; `after`: the calls follow a
+        local computation."""
         size_bytes = np.asarray(size_bytes, dtype=float)
         link = self.link(op, axis)
         if link is None:
             return np.full(size_bytes.shape, np.inf)
-        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes * self.sharing(link, axis))
+        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes * self.sharing(link, axis), after)
 
     def compute_seconds(self, flops: float, elements: float = 0.0) -> float:
         """A local computation: the GEMM latency plus the longer of flops at the GEMM rate and the traffic of
@@ -76,39 +79,47 @@ class Pricer:
         """The local layout copies a redistribution step makes: latency plus bytes read and written each."""
         return sum(self.copy_latency_s + 2.0 * n * self.itemsize / self.copy_bytes_per_s for n in step.copies)
 
-    def step_seconds(self, step) -> float:
-        """One schedule entry's predicted seconds, as price() counts it."""
+    def step_seconds(self, step, after: bool = False) -> float:
+        """One schedule entry's predicted seconds, as price() counts it; `after`: it follows a local computation
+        (after_compute tells)."""
         if hasattr(step, "flops"):
             return self.compute_seconds(step.flops, step.elements)
-        comm = float(self.seconds(step.op, step.axis, [step.size_bytes])[0]) if step.is_comm else 0.0
+        comm = float(self.seconds(step.op, step.axis, [step.size_bytes], after)[0]) if step.is_comm else 0.0
         return comm + self.copies_seconds(step)
 
     def price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
         """(communication seconds, compute seconds) of each list of steps, priced in one vectorised pass
         per (op, axis); a step's layout copies count where the harness measures them."""
-        groups: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+        groups: dict[tuple[str, int, bool], tuple[list, list]] = defaultdict(lambda: ([], []))
         comm, compute = np.zeros(len(step_lists)), np.zeros(len(step_lists))
         for i, steps in enumerate(step_lists):
-            for st in steps:
+            for st, after in zip(steps, after_compute(steps)):
                 if hasattr(st, "flops"):
                     compute[i] += self.compute_seconds(st.flops, st.elements)
                     continue
                 if st.is_comm:
-                    idx, size = groups[(st.op, st.axis)]
+                    idx, size = groups[(st.op, st.axis, after)]
                     idx.append(i)
                     size.append(st.size_bytes)
                 if st.copies:
                     (comm if st.is_comm else compute)[i] += self.copies_seconds(st)
-        for (op, axis), (idx, size) in groups.items():
-            comm += np.bincount(idx, weights=self.seconds(op, axis, size), minlength=len(step_lists))
+        for (op, axis, after), (idx, size) in groups.items():
+            comm += np.bincount(idx, weights=self.seconds(op, axis, size, after), minlength=len(step_lists))
         return comm, compute
 
     def breakdown(self, steps) -> dict[str, float]:
         """Seconds per "collective/link" (the link that priced it), plus "compute"."""
         out: dict[str, float] = defaultdict(float)
-        for st in steps:
+        for st, after in zip(steps, after_compute(steps)):
             if hasattr(st, "flops") or not st.is_comm:
                 out["compute"] += self.step_seconds(st)
             else:
-                out[f"{st.op}/{self.link(st.op, st.axis)}"] += self.step_seconds(st)
+                out[f"{st.op}/{self.link(st.op, st.axis)}"] += self.step_seconds(st, after)
         return dict(out)
+
+
+def after_compute(steps) -> list[bool]:
+    """For each entry of a schedule (in execution order), whether it directly follows a local computation: such
+    a collective is priced by the calibration's after-compute models where it has them (the first entry is not)."""
+    kinds = [hasattr(st, "flops") for st in steps]
+    return [False, *kinds[:-1]] if kinds else []

@@ -15,7 +15,7 @@ from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
-from analysis.pricing import Pricer
+from analysis.pricing import Pricer, after_compute
 from analysis.search_cmd import nics_per_node
 from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose
@@ -93,15 +93,16 @@ def _row(name, layer, opts, i, why, prog, timed) -> dict:
 
 def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     out = []
-    for k, (it, meas) in enumerate(zip(prog.items, timed.item_median_s)):
-        e = it.entry
+    entries = [it.entry for it in prog.items]
+    for k, (e, after, meas) in enumerate(zip(entries, after_compute(entries), timed.item_median_s)):
         if isinstance(e, Compute):
             out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
-                        "link": "", "size_bytes": 0, "predicted_s": pricer.step_seconds(e), "measured_s": meas})
+                        "link": "", "size_bytes": 0, "after_compute": after, "predicted_s": pricer.step_seconds(e),
+                        "measured_s": meas})
             continue
         out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,
-                    "link": e.link, "size_bytes": e.size_bytes, "predicted_s": pricer.step_seconds(e),
-                    "measured_s": meas})
+                    "link": e.link, "size_bytes": e.size_bytes, "after_compute": after,
+                    "predicted_s": pricer.step_seconds(e, after), "measured_s": meas})
     return out
 
 

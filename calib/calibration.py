@@ -18,13 +18,14 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 6
-READS = (1, 2, 3, 4, 5, 6)
+VERSION = 7
+READS = (1, 2, 3, 4, 5, 6, 7)
 """Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time); 3 added
 the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost);
 4 added provenance.runs[].cache, whether the sweep's buffers were cold or warm (absent: warm); 5 added
 provenance.runs[].gap_ms, the sweep's idle gap before each call (absent: 0); 6 added provenance.runs[].after_gemm,
-the size of the GEMM every rank ran before each call (absent: 0, none)."""
+the size of the GEMM every rank ran before each call (absent: 0, none); 7 added the optional after_compute, models of
+collectives that follow a local computation (absent: the main models price those too)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -88,11 +89,18 @@ def validate(data: object, where: str = "calibration") -> None:
     bad = _non_finite(data)
     if bad is not None:
         raise UsageError(f"{where}: key '{bad}' is not a finite number")
-    for op, by_link in data["models"].items():
-        for link, model in by_link.items():
-            if model["algorithm"] not in known_algorithms():
-                raise UsageError(f"{where}: key 'models.{op}.{link}.algorithm' is {model['algorithm']!r}, "
-                                 f"expected one of {list(known_algorithms())}")
+    for key, models in _model_sets(data):
+        for op, by_link in models.items():
+            for link, model in by_link.items():
+                if model["algorithm"] not in known_algorithms():
+                    raise UsageError(f"{where}: key '{key}.{op}.{link}.algorithm' is {model['algorithm']!r}, "
+                                     f"expected one of {list(known_algorithms())}")
+
+
+def _model_sets(data: dict) -> list[tuple[str, dict]]:
+    """(key, {op: {link: model}}) of the main models and, where the file has them, the after-compute ones."""
+    after = data.get("after_compute")
+    return [("models", data["models"])] + ([("after_compute.models", after["models"])] if after else [])
 
 
 @dataclass(frozen=True)
@@ -151,12 +159,19 @@ class Calibration:
     path: str | None = None
     backend: str = field(init=False)
     _models: dict = field(init=False, repr=False)
+    _after: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", self.data["backend"])
-        models = {(op, link): _Piecewise.from_json(m)
-                  for op, by_link in self.data["models"].items() for link, m in by_link.items()}
-        object.__setattr__(self, "_models", models)
+        sets = [{(op, link): _Piecewise.from_json(m) for op, by_link in models.items() for link, m in by_link.items()}
+                for _, models in _model_sets(self.data)]
+        object.__setattr__(self, "_models", sets[0])
+        object.__setattr__(self, "_after", sets[1] if len(sets) > 1 else {})
+
+    @property
+    def after_gemm(self) -> int:
+        """N of the GEMM before each call of the sweeps behind the after-compute models (0: none)."""
+        return int(self.data.get("after_compute", {}).get("after_gemm", 0))
 
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
@@ -175,12 +190,19 @@ class Calibration:
             raise UsageError(f"calibration {self.path or ''} has no model for {op} on link {link!r} (has: {have})")
         return self._models[(op, link)]
 
-    def predict(self, op: str, link: str, procs: int, nbytes: float) -> Prediction:
+    def _context_model(self, op: str, link: str, after_compute: bool) -> _Piecewise:
+        """The after-compute model where asked for and present, else the main one."""
+        if after_compute and (op, link) in self._after:
+            return self._after[(op, link)]
+        return self._model(op, link)
+
+    def predict(self, op: str, link: str, procs: int, nbytes: float, after_compute: bool = False) -> Prediction:
         """Predicted seconds for one call, with a 95% prediction interval (parameter covariance plus the
-        fit's relative scatter); says when procs or the size lie outside what was measured."""
+        fit's relative scatter); says when procs or the size lie outside what was measured. after_compute: the
+        call follows a local computation (priced by the after-compute model where the calibration has one)."""
         if procs < 1 or nbytes < 0 or not math.isfinite(nbytes):
             raise UsageError(f"predict needs procs >= 1 and a finite size >= 0 (got procs={procs}, bytes={nbytes})")
-        m = self._model(op, link)
+        m = self._context_model(op, link, after_compute)
         t, seg, a, bn = m.terms(op, procs, np.array([float(nbytes)]))
         t, i, bn = float(t[0]), int(seg[0]), float(bn[0])
         a = float(a)
@@ -196,14 +218,18 @@ class Calibration:
         if nbytes < m.min_bytes or nbytes > m.max_bytes:
             extrapolated = True
             notes.append(f"{nbytes:g} bytes outside the measured {m.min_bytes:g}..{m.max_bytes:g}")
+        if after_compute and (op, link) in self._after:
+            notes.append(f"after a local computation: the after-compute model (sweeps with a {self.after_gemm}x"
+                         f"{self.after_gemm} GEMM before each call)")
         if t < 0:
             notes.append(f"model gives {t:.3g} s; clipped to 0")
         return Prediction(max(t, 0.0), max(t - half, 0.0), max(t + half, 0.0), extrapolated, m.algorithm, link,
                           "; ".join(notes))
 
-    def predict_seconds(self, op: str, link: str, procs: int, nbytes: np.ndarray) -> np.ndarray:
+    def predict_seconds(self, op: str, link: str, procs: int, nbytes: np.ndarray,
+                        after_compute: bool = False) -> np.ndarray:
         """Vectorised predicted seconds (no intervals, no notes), clipped at 0."""
-        t, _, _, _ = self._model(op, link).terms(op, procs, np.asarray(nbytes, dtype=float))
+        t, _, _, _ = self._context_model(op, link, after_compute).terms(op, procs, np.asarray(nbytes, dtype=float))
         return np.maximum(t, 0.0)
 
     def gemm_flops_per_s(self, dtype: str) -> float:

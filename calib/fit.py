@@ -16,6 +16,7 @@ from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.segments import Points, fit_piecewise
 from calib.synthetic import LINK_MEANING
+from microbench.errors import UsageError
 from microbench.ops import LOCAL_OPS
 
 
@@ -159,11 +160,10 @@ def _version() -> str:
         return "unknown"
 
 
-def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
-    """The whole calibration dict (validated by the caller against the schema)."""
-    pts = runs.points
+def _fit_models(pts: pd.DataFrame, opts: FitOptions, hockney_table: bool = True) -> tuple[dict, list, list[str]]:
+    """({op: {link: model}}, Hockney rows, warnings) of the collectives and point-to-point operations in pts."""
     comm = pts[~pts["op"].isin(LOCAL_OPS)]
-    models, hockney, warnings = {}, [], list(runs.notes)
+    models, hockney, warnings = {}, [], []
     for (op, link), df in comm.groupby(["op", "link"], sort=True):
         # one rank communicates with nobody: the algorithm shapes are 0 there, so only p > 1 fits a model
         shared = df if op in P2P_OPS else df[df["procs"] > 1]
@@ -175,22 +175,62 @@ def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions()) -> dict:
             warnings += why
             if model is not None:
                 models.setdefault(str(op), {})[str(link)] = model
-        if op not in P2P_OPS:
+        if op not in P2P_OPS and hockney_table:
             rows, why = hockney_rows(str(op), str(link), df, opts)
             hockney += rows
             warnings += why
+    return models, hockney, warnings
+
+
+def _after_compute(runs: RunSet, after: RunSet, opts: FitOptions) -> tuple[dict, list[str]]:
+    """The calibration's after_compute section from sweeps with --after-gemm, and warnings; UsageError where
+    those sweeps did not run a GEMM before each call or were measured unlike the main runs."""
+    gemm = {r["after_gemm"] for r in after.runs}.pop()
+    if gemm == 0:
+        raise UsageError("--after-compute runs must come from sweeps with --after-gemm N (these ran no GEMM)")
+    for name in ("cache", "gap_ms"):
+        have, want = {r[name] for r in after.runs}, {r[name] for r in runs.runs}
+        if have != want:
+            raise UsageError(f"--after-compute runs differ from the main runs in {name} ({', '.join(map(str, have))} "
+                             f"vs {', '.join(map(str, want))}); sweep them alike")
+    if set(after.points["backend"]) != set(runs.points["backend"]):
+        raise UsageError("--after-compute runs measured another backend than the main runs")
+    groups = [p.groupby("link")["groups_per_node"].max() for p in (after.points, runs.points)]
+    differ = [lk for lk in groups[0].index.intersection(groups[1].index) if groups[0][lk] != groups[1][lk]]
+    if differ:
+        raise UsageError(f"--after-compute runs measured {differ[0]} with {groups[0][differ[0]]} group(s) per node at "
+                         f"once, the main runs with {groups[1][differ[0]]} (sweep --concurrent); sweep them alike")
+    models, _, warnings = _fit_models(after.points, opts, hockney_table=False)
+    if not models:
+        raise UsageError("--after-compute runs hold no collective measured at more than one rank")
+    return ({"after_gemm": int(gemm), "run_ids": [r["run_id"] for r in after.runs], "models": models},
+            [f"after compute: {w}" for w in (*after.notes, *warnings)])
+
+
+def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | None = None) -> dict:
+    """The whole calibration dict (validated by the caller against the schema). `after`: runs of sweeps with
+    --after-gemm, whose collectives become the after-compute models."""
+    pts = runs.points
+    models, hockney, warnings = _fit_models(pts, opts)
+    warnings = list(runs.notes) + warnings
+    extra = {}
+    if after is not None:
+        extra["after_compute"], why = _after_compute(runs, after, opts)
+        warnings += why
     p2p = {op: {link: {"alpha_s": m["alpha_s"], "alpha_ci95_s": m["alpha_ci95_s"],
                        "beta_s_per_byte": m["beta_s_per_byte"], "beta_ci95_s_per_byte": m["beta_ci95_s_per_byte"],
                        "bandwidth_bytes_per_s": 1.0 / m["beta_s_per_byte"] if m["beta_s_per_byte"] > 0 else None}
                 for link, m in by_link.items()}
            for op, by_link in models.items() if op in P2P_OPS}
+    all_runs = runs.runs + (after.runs if after is not None else ())
     return {
         "schema": SCHEMA, "version": VERSION, "created_utc": datetime.now(timezone.utc).isoformat(),
         "backend": str(pts["backend"].iloc[0]),
         "fit": {**{k: v for k, v in asdict(opts).items() if k != "min_sizes"}, "commcal_version": _version()},
-        "provenance": {"run_ids": [r["run_id"] for r in runs.runs], "runs": list(runs.runs)},
+        "provenance": {"run_ids": [r["run_id"] for r in all_runs], "runs": list(all_runs)},
         "link_classes": _link_classes(pts),
         "models": models,
+        **extra,
         "hockney": hockney,
         "p2p": p2p,
         "compute": {"gemm": gemm_rates(pts[pts["op"] == "gemm"]), **copy_rate(pts[pts["op"] == "copy"])},

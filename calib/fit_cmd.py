@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out check over sizes (default 5)")
     p.add_argument("--max-segments", type=int, default=5,
                    help="most size segments (protocol or algorithm switches) per model (default 5)")
+    p.add_argument("--after-compute", action="append", default=[], metavar="RUN_DIR",
+                   help="a run of `commcal sweep --after-gemm N` (repeatable): its collectives become the models that "
+                        "price a collective right after a local computation, as in a training step")
     p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), help="backend to fit when runs mix several")
     p.add_argument("--quiet", action="store_true", help="print warnings only")
 
@@ -32,12 +35,17 @@ def _pct(x) -> str:
 def report(cal: dict) -> str:
     """Held-out figures per (op, link), then point-to-point and GEMM figures."""
     lines = [f"{'op':<15}{'link':<8}{'model':<20}{'seg':>4}{'med':>8}{'p90':>8}{'med>=4K':>9}{'p90>=4K':>9}"]
-    for op, by_link in sorted(cal["models"].items()):
-        for link, m in sorted(by_link.items()):
-            h = m["heldout"]
-            lines.append(f"{op:<15}{link:<8}{m['algorithm']:<20}{len(m['segments']):>4}  {_pct(h['median_abs_rel_err'])}"
-                         f"  {_pct(h['p90_abs_rel_err'])}   {_pct(h['median_abs_rel_err_ge_4KiB'])}"
-                         f"   {_pct(h['p90_abs_rel_err_ge_4KiB'])}")
+    after = cal.get("after_compute")
+    for title, models in [(None, cal["models"])] + ([(f"after compute ({after['after_gemm']}x{after['after_gemm']} "
+                                                    f"GEMM before each call):", after["models"])] if after else []):
+        if title:
+            lines.append(title)
+        for op, by_link in sorted(models.items()):
+            for link, m in sorted(by_link.items()):
+                h = m["heldout"]
+                lines.append(f"{op:<15}{link:<8}{m['algorithm']:<20}{len(m['segments']):>4}  "
+                             f"{_pct(h['median_abs_rel_err'])}  {_pct(h['p90_abs_rel_err'])}   "
+                             f"{_pct(h['median_abs_rel_err_ge_4KiB'])}   {_pct(h['p90_abs_rel_err_ge_4KiB'])}")
     for op, by_link in sorted(cal["p2p"].items()):
         for link, q in sorted(by_link.items()):
             bw = q["bandwidth_bytes_per_s"]
@@ -52,12 +60,16 @@ def run(args: argparse.Namespace) -> int:
     if args.folds < 2 or args.max_segments < 1:
         raise UsageError("--folds must be >= 2 and --max-segments >= 1")
     runs = load_runs(args.runs, args.backend)
-    cal = fit_calibration(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments))
+    after = load_runs(args.after_compute, args.backend) if args.after_compute else None
+    cal = fit_calibration(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments),
+                          after)
     calibration_from_dict(cal, args.out)
     atomic_write_json(args.out, cal)
     if not args.quiet:
         print(report(cal))
-        print(f"wrote {args.out}: {sum(len(v) for v in cal['models'].values())} models, "
+        extra = sum(len(v) for v in cal["after_compute"]["models"].values()) if after else 0
+        print(f"wrote {args.out}: {sum(len(v) for v in cal['models'].values())} models"
+              + (f" and {extra} after-compute models" if extra else "") + ", "
               f"{len(cal['hockney'])} Hockney rows, {len(runs.points)} points from {len(runs.runs)} run(s)")
     for w in cal["warnings"]:
         print(f"WARNING: {w}", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--json]`: one predicted time with its
-95% interval, saying when it extrapolates beyond what was measured. With --layer/--strategy/--mesh instead
+"""`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--after-compute] [--json]`: one predicted time
+with its 95% interval, saying when it extrapolates beyond what was measured. With --layer/--strategy/--mesh instead
 of --op, the plan and cost of one layer strategy (analysis.predict_strategy)."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link", choices=LINK_CLASSES, help="link class")
     p.add_argument("--procs", type=int, help="process count")
     p.add_argument("--bytes", help="size in the nccl-tests convention, e.g. 64M")
+    p.add_argument("--after-compute", action="store_true",
+                   help="the call directly follows a local computation: price it by the calibration's after-compute "
+                        "model where it has one (commcal fit --after-compute)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from analysis.predict_strategy import add_arguments as add_strategy_arguments
 
@@ -42,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")
     nbytes = parse_size(args.bytes)
-    pred = cal.predict(args.op, args.link, args.procs, nbytes)
+    if args.after_compute and not cal.after_gemm:
+        raise UsageError(f"{args.calibration} has no after-compute models (fit with --after-compute RUN_DIR)")
+    pred = cal.predict(args.op, args.link, args.procs, nbytes, args.after_compute)
     if args.json:
         print(json.dumps({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict()}))
         return 0

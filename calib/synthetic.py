@@ -75,11 +75,43 @@ def _as_model(spec) -> TrueModel:
 
 def synthetic_calibration(models: dict, links: dict[str, list[int]] | None = None,
                           gemm: dict[str, float] | None = None, backend: str = "mpi",
-                          sizes: tuple[int, ...] = DEFAULT_SIZES) -> dict:
+                          sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None) -> dict:
     """A valid calibration dict. models: {(op, link): TrueModel or (alpha_s, beta_s_per_byte)};
     links: {link: [process counts measured]} (default: each model's link at p = 2, 4, 8);
-    gemm: {dtype: FLOP/s}."""
+    gemm: {dtype: FLOP/s}; after_compute: models as `models`, for collectives after a local computation."""
     links = links or {link: [2, 4, 8] for _, link in models}
+    out_models = _synthetic_models(models, links, sizes)
+    after = {} if not after_compute else {"after_compute": {"after_gemm": 384, "run_ids": ["synthetic-after"],
+                                                            "models": _synthetic_models(after_compute, links, sizes)}}
+    link_classes = {}
+    for link, procs in links.items():
+        shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *link_shape(link, p)))) for p in sorted(procs)]
+        link_classes[link] = {"meaning": LINK_MEANING[link], "nodes": max(s["nodes"] for s in shapes),
+                              "ranks_per_node": max(s["ranks_per_node"] for s in shapes),
+                              "procs": sorted(procs), "shapes": shapes}
+    return {
+        "schema": SCHEMA, "version": VERSION, "created_utc": datetime.now(timezone.utc).isoformat(),
+        "backend": backend,
+        "fit": {"method": "wls", "folds": 0, "max_segments": 1, "target_median_abs_rel_err_ge_4KiB": 0.05,
+                "target_median_abs_rel_err": 0.15, "commcal_version": "synthetic"},
+        "provenance": {"run_ids": ["synthetic"], "runs": []},
+        "link_classes": link_classes,
+        "models": out_models,
+        **after,
+        "hockney": [],
+        "p2p": {op: {link: {"alpha_s": m["alpha_s"], "alpha_ci95_s": m["alpha_ci95_s"],
+                            "beta_s_per_byte": m["beta_s_per_byte"], "beta_ci95_s_per_byte": m["beta_ci95_s_per_byte"],
+                            "bandwidth_bytes_per_s": 1.0 / m["beta_s_per_byte"] if m["beta_s_per_byte"] > 0 else None}
+                     for link, m in by_link.items()}
+                for op, by_link in out_models.items() if op in P2P_OPS},
+        "compute": {"gemm": {dt: {"flops_per_s": float(r), "peak_flops_per_s": float(r), "saturation_bytes": 0.0,
+                                  "n_points": 1} for dt, r in (gemm or {}).items()}},
+        "warnings": ["synthetic calibration, not fitted from measurements"],
+    }
+
+
+def _synthetic_models(models: dict, links: dict[str, list[int]], sizes: tuple[int, ...]) -> dict:
+    """{op: {link: model}} of the calibration file, exactly the given models over the sizes."""
     lo, hi = float(min(sizes)), float(max(sizes))
     out_models: dict = {}
     for (op, link), spec in models.items():
@@ -107,30 +139,7 @@ def synthetic_calibration(models: dict, links: dict[str, list[int]] | None = Non
                         "median_abs_rel_err_ge_4KiB": None, "p90_abs_rel_err_ge_4KiB": None},
             "warnings": ["synthetic model, not fitted"],
         }
-    link_classes = {}
-    for link, procs in links.items():
-        shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *link_shape(link, p)))) for p in sorted(procs)]
-        link_classes[link] = {"meaning": LINK_MEANING[link], "nodes": max(s["nodes"] for s in shapes),
-                              "ranks_per_node": max(s["ranks_per_node"] for s in shapes),
-                              "procs": sorted(procs), "shapes": shapes}
-    return {
-        "schema": SCHEMA, "version": VERSION, "created_utc": datetime.now(timezone.utc).isoformat(),
-        "backend": backend,
-        "fit": {"method": "wls", "folds": 0, "max_segments": 1, "target_median_abs_rel_err_ge_4KiB": 0.05,
-                "target_median_abs_rel_err": 0.15, "commcal_version": "synthetic"},
-        "provenance": {"run_ids": ["synthetic"], "runs": []},
-        "link_classes": link_classes,
-        "models": out_models,
-        "hockney": [],
-        "p2p": {op: {link: {"alpha_s": m["alpha_s"], "alpha_ci95_s": m["alpha_ci95_s"],
-                            "beta_s_per_byte": m["beta_s_per_byte"], "beta_ci95_s_per_byte": m["beta_ci95_s_per_byte"],
-                            "bandwidth_bytes_per_s": 1.0 / m["beta_s_per_byte"] if m["beta_s_per_byte"] > 0 else None}
-                     for link, m in by_link.items()}
-                for op, by_link in out_models.items() if op in P2P_OPS},
-        "compute": {"gemm": {dt: {"flops_per_s": float(r), "peak_flops_per_s": float(r), "saturation_bytes": 0.0,
-                                  "n_points": 1} for dt, r in (gemm or {}).items()}},
-        "warnings": ["synthetic calibration, not fitted from measurements"],
-    }
+    return out_models
 
 
 def _summary_row(run_id: str, backend: str, op: str, link: str, procs: int, requested: int, dtype: str,
@@ -157,12 +166,13 @@ def write_synthetic_run(out_dir, models: dict, procs: dict[str, list[int]], size
                         bad_points: int = 0, gemm: dict[str, float] | None = None,
                         copy: tuple[float, float] | None = None, seed: int = 0,
                         run_id: str = "synthetic-run", backend: str = "mpi", consolidate: bool = True,
-                        write_points: bool = True) -> Path:
+                        write_points: bool = True, options: dict | None = None) -> Path:
     """Write a run directory sampled from known models. models: {(op, link): TrueModel or (alpha, beta)};
     procs: {link: [p, ...]}; gemm: {dtype: peak FLOP/s} (time = 2 n^3 / peak + 5 us); copy: (latency s,
     bytes read + written per s) of the local copy, float32. Each sample is the
     truth times lognormal(noise); outlier_fraction of samples are slowed 1.5-5x; bad_points whole points
-    are slowed 1.5-3x. consolidate=False leaves only points/, like a run that was killed."""
+    are slowed 1.5-3x. consolidate=False leaves only points/, like a run that was killed. options: run.json's
+sweep options (the conditions, such as after_gemm)."""
     out = Path(out_dir)
     rng = np.random.default_rng(seed)
     plan = []
@@ -196,7 +206,7 @@ def write_synthetic_run(out_dir, models: dict, procs: dict[str, list[int]], size
     atomic_write_json(out / "run.json", {
         "schema": records.RUN_SCHEMA, "version": records.RUN_SCHEMA_VERSION, "run_id": run_id, "backend": backend,
         "start_time": datetime.now(timezone.utc).isoformat(), "machine": "synthetic", "hosts": hosts,
-        "mpi_library_version": "synthetic MPI 0.0", "versions": {"commcal": "synthetic"}})
+        "mpi_library_version": "synthetic MPI 0.0", "versions": {"commcal": "synthetic"}, "options": options or {}})
     if write_points:
         for row, frame in zip(rows, frames):
             atomic_write(out / "points" / f"{row['point_id']}.parquet", frame.to_parquet)

@@ -24,13 +24,16 @@ def _row(table, op, link, procs, alg, i, seg, held=None) -> dict:
 
 
 def alpha_beta_frame(cal: Calibration) -> pd.DataFrame:
-    """One row per segment: table "model" (procs = the measured counts) and table "hockney" (one p)."""
+    """One row per segment: table "model" (procs = the measured counts), "after_compute" (the models of
+    collectives after a local computation, where the calibration has them) and "hockney" (one p)."""
     rows = []
-    for op, by_link in sorted(cal.data["models"].items()):
-        for link, m in sorted(by_link.items()):
-            procs = ",".join(str(p) for p in m["procs_measured"])
-            rows += [_row("model", op, link, procs, m["algorithm"], i, s, m["heldout"])
-                     for i, s in enumerate(m["segments"])]
+    sets = [("model", cal.data["models"]), ("after_compute", cal.data.get("after_compute", {}).get("models", {}))]
+    for table, models in sets:
+        for op, by_link in sorted(models.items()):
+            for link, m in sorted(by_link.items()):
+                procs = ",".join(str(p) for p in m["procs_measured"])
+                rows += [_row(table, op, link, procs, m["algorithm"], i, s, m["heldout"])
+                         for i, s in enumerate(m["segments"])]
     rows += [_row("hockney", h["op"], h["link"], str(h["procs"]), "hockney", h["segment"], h) for h in cal.data["hockney"]]
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -55,14 +58,19 @@ def markdown(cal: Calibration) -> str:
     headers = ["op", "link", "procs", "algorithm", "sizes", "alpha us [95% CI]", "beta ns/B [95% CI]", "1/beta GB/s",
                "R^2", "held-out med/p90"]
     out = [f"# Calibration ({cal.backend}; runs {', '.join(cal.data['provenance']['run_ids'])})"]
+    after = f"{cal.after_gemm}x{cal.after_gemm} GEMM before each call"
     for table, title in (("model", "Collective models (t = a(p) alpha + b(p) n beta)"),
+                         ("after_compute", f"Collective models after a local computation (sweeps with a {after})"),
                          ("hockney", "Hockney lines per process count (t = alpha + n beta)")):
+        if table == "after_compute" and not cal.after_gemm:
+            continue
         rows = [[r.op, r.link, r.procs, r.algorithm, f"{format_size(r.min_bytes)}..{format_size(r.max_bytes)}",
                  f"{_us(r.alpha_s)} [{_us(r.alpha_ci95_low_s)}, {_us(r.alpha_ci95_high_s)}]",
                  f"{r.beta_s_per_byte * 1e9:.4g} [{r.beta_ci95_low_s_per_byte * 1e9:.4g}, "
                  f"{r.beta_ci95_high_s_per_byte * 1e9:.4g}]",
                  f"{1e-9 / r.beta_s_per_byte:.3g}" if r.beta_s_per_byte > 0 else "-", f"{r.r2:.4f}",
-                 f"{_pct(r.heldout_median_abs_rel_err)} / {_pct(r.heldout_p90_abs_rel_err)}" if table == "model" else ""]
+                 "" if table == "hockney" else
+                 f"{_pct(r.heldout_median_abs_rel_err)} / {_pct(r.heldout_p90_abs_rel_err)}"]
                 for r in frame[frame["table"] == table].itertuples()]
         out += ["", f"## {title}", "", _md(headers, rows) if rows else "(none)"]
     gemm = cal.data["compute"]["gemm"]

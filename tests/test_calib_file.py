@@ -192,3 +192,61 @@ def test_fit_and_predict_usage_errors(tmp_path, capsys, run_dir):
                          "--bytes", "lots"], "malformed size")
     _expect_usage_error(capsys, ["predict", str(cal), "--op", "alltoall", "--link", "inter", "--procs", "2",
                          "--bytes", "1M"], "no model for alltoall")
+
+
+def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computation(tmp_path, capsys):
+    """A plain sweep and one with a GEMM before each call, whose allreduce pays 80 us more latency there: fit keeps
+    the two apart (after_compute, version 7), predict prices each context by its own model and falls back to the
+    plain one where the after-compute sweep lacks the collective; mismatched sweeps are one line and exit 2."""
+    cold = {"cache": "cold"}
+    plain = write_synthetic_run(tmp_path / "plain", {("allreduce", "intra"): (4e-6, 3e-10),
+                                                     ("allgather", "intra"): (3e-6, 3e-10)},
+                                {"intra": [2, 4]}, seed=1, run_id="plain", options=cold)
+    after = write_synthetic_run(tmp_path / "after", {("allreduce", "intra"): (84e-6, 3e-10)}, {"intra": [2, 4]},
+                                seed=2, run_id="after", options=cold | {"after_gemm": 384})
+    out = tmp_path / "cal.json"
+    code, stdout, err = _cli(capsys, ["fit", str(plain), "--after-compute", str(after), "--out", str(out)])
+    assert code == 0, err
+    assert "after compute (384x384 GEMM before each call):" in stdout and "and 1 after-compute models" in stdout
+    data = json.loads(out.read_text())
+    assert data["version"] == VERSION == 7
+    assert data["after_compute"]["after_gemm"] == 384 and data["after_compute"]["run_ids"] == ["after"]
+    assert data["provenance"]["run_ids"] == ["plain", "after"]
+    assert data["after_compute"]["models"]["allreduce"]["intra"]["alpha_s"] == pytest.approx(84e-6, rel=0.05)
+    assert data["models"]["allreduce"]["intra"]["alpha_s"] == pytest.approx(4e-6, rel=0.05)
+    cal = load_calibration(out)
+    n = np.array([1e3, 1e6])
+    gap = cal.predict_seconds("allreduce", "intra", 4, n, after_compute=True) - cal.predict_seconds(
+        "allreduce", "intra", 4, n)
+    np.testing.assert_allclose(gap, 6 * 80e-6, rtol=0.1)      # ring allreduce at p = 4: 2(p-1) latencies
+    assert cal.predict_seconds("allgather", "intra", 4, n, True) == pytest.approx(
+        cal.predict_seconds("allgather", "intra", 4, n))
+    predict = ["predict", str(out), "--op", "allreduce", "--link", "intra", "--procs", "4", "--bytes", "1K", "--json"]
+    code, stdout, err = _cli(capsys, [*predict, "--after-compute"])
+    assert code == 0, err
+    got = json.loads(stdout)
+    assert "after-compute model" in got["note"] and got["seconds"] == pytest.approx(
+        float(cal.predict_seconds("allreduce", "intra", 4, [1024], True)[0]))
+    assert "after-compute" not in json.loads(_cli(capsys, predict)[1])["note"]
+    code, md, _ = _cli(capsys, ["table", str(out)])
+    assert code == 0 and "## Collective models after a local computation (sweeps with a 384x384 GEMM" in md
+    code, csv, _ = _cli(capsys, ["table", str(out), "--format", "csv"])
+    tables = [line.split(",")[:3] for line in csv.splitlines()[1:]]
+    assert ["after_compute", "allreduce", "intra"] in tables and ["model", "allgather", "intra"] in tables
+    assert not any(t[0] == "after_compute" and t[1] == "allgather" for t in tables)
+    fit = ["fit", str(plain), "--out", str(tmp_path / "c.json")]
+    _expect_usage_error(capsys, [*fit, "--after-compute", str(plain)], "must come from sweeps with --after-gemm")
+    warm = write_synthetic_run(tmp_path / "warm", {("allreduce", "intra"): (84e-6, 3e-10)}, {"intra": [2, 4]},
+                               options={"cache": "warm", "after_gemm": 384})
+    _expect_usage_error(capsys, [*fit, "--after-compute", str(warm)], "differ from the main runs in cache")
+    _expect_usage_error(capsys, [*fit, "--after-compute", str(after), "--after-compute", str(warm)],
+                        "runs mix cold and warm buffers")
+    assert not (tmp_path / "c.json").exists()
+    code, _, err = _cli(capsys, ["fit", str(plain), "--out", str(tmp_path / "c.json")])
+    assert code == 0, err
+    _expect_usage_error(capsys, ["predict", str(tmp_path / "c.json"), "--op", "allreduce", "--link", "intra",
+                                 "--procs", "4", "--bytes", "1K", "--after-compute"], "has no after-compute models")
+    bad = json.loads(out.read_text())
+    bad["after_compute"]["gemm"] = 384
+    with pytest.raises(UsageError, match="unknown key 'after_compute.gemm'"):
+        calibration_from_dict(bad)

@@ -313,3 +313,42 @@ def test_scatter_add_sums_repeated_ids_like_ufunc_at(ids):
     np.add.at(want, ids, rows)
     scatter_add(np, got, ids, rows)
     assert np.array_equal(got, want)
+
+
+def test_collectives_right_after_a_computation_take_the_after_compute_models(pricer22):
+    """A calibration with after-compute models 300 us slower per intra-node call: price() and step_seconds() charge
+    that only to the collectives that directly follow a local computation in the schedule, which lists steps in
+    the order the harness runs them (the embedding's backward all-to-alls come before its scatter-add)."""
+    from calib.calibration import calibration_from_dict
+    from calib.synthetic import synthetic_calibration
+
+    from analysis.pricing import Pricer, after_compute
+    data = json.loads(json.dumps(pricer22.cal.data))
+    base = {(op, link): (m["alpha_s"], m["beta_s_per_byte"]) for op, by in data["models"].items()
+            for link, m in by.items()}
+    slow = {k: (a + 300e-6, b) for k, (a, b) in base.items() if k[1] == "intra"}
+    mesh = pricer22.mesh
+    ctx = Pricer(calibration_from_dict(synthetic_calibration(base, gemm={"float32": 1e13}, after_compute=slow)), mesh)
+    assert after_compute([]) == [] and after_compute(["step", Linear("x", ISZ, 4, 4, 4).schedule(
+        Strategy(("m", "m")), mesh).forward[-1], "step"]) == [False, False, True]
+    kinds = set()
+    for layer in (Linear("fc", ISZ, 256, 512, 512), Embedding("emb", ISZ, vocab=256, dim=16, tokens=64)):
+        for s in layer.strategies(mesh):
+            steps = layer.schedule(s, mesh).steps
+            flags = after_compute(steps)
+            assert not flags[0] and all(f == hasattr(prev, "flops") for f, prev in zip(flags[1:], steps))
+            extra = 0.0
+            for step, after in zip(steps, flags):
+                if getattr(step, "is_comm", False) and step.link == "intra":
+                    kinds.add(after)
+                    delta = ctx.step_seconds(step, after) - pricer22.step_seconds(step)
+                    # the latency term: 300 us once per round of the collective's algorithm (allreduce: two)
+                    assert (delta in (pytest.approx(300e-6), pytest.approx(600e-6))) if after else delta == 0, \
+                        (layer.name, s.id, step.describe(), delta)
+                    extra += delta
+            assert ctx.price([steps])[0][0] == pytest.approx(pricer22.price([steps])[0][0] + extra)
+            assert sum(ctx.breakdown(steps).values()) == pytest.approx(sum(ctx.price([steps])[i][0] for i in (0, 1)))
+    assert kinds == {True, False}
+    emb = Embedding("emb", ISZ, vocab=256, dim=16, tokens=64)
+    back = emb.schedule(next(s for s in emb.strategies(mesh) if s.choices == ("r", "r")), mesh).backward
+    assert [getattr(step, "op", "compute") for step in back] == ["alltoall", "alltoall", "compute"]

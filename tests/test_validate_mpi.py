@@ -4,6 +4,7 @@ reads, and bad input is one line with exit 2."""
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -23,10 +24,12 @@ FAST = ["--budget", "0.005", "--min-samples", "2", "--target-ci", "0.5", "--boot
         "--max-strategies", "1000"]
 
 
-def calibration(path, links=("intra",)):
+def calibration(path, links=("intra",), after_compute: bool = False):
+    """A synthetic calibration; after_compute adds models 1 ms slower per call for collectives after compute."""
     models = {(op, link): (5e-6, 1e-9) for op in OPS for link in links}
+    after = {k: (1e-3, 1e-9) for k in models} if after_compute else None
     path.write_text(json.dumps(synthetic_calibration(models, links={l: [2, 4] for l in links},
-                                                     gemm={"float32": 1e10, "float64": 5e9})))
+                                                     gemm={"float32": 1e10, "float64": 5e9}, after_compute=after)))
     return str(path)
 
 
@@ -56,7 +59,7 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
 
 
 def test_directory_is_what_the_report_reads(tmp_path):
-    cal, out = calibration(tmp_path / "cal.json"), tmp_path / "val"
+    cal, out = calibration(tmp_path / "cal.json", after_compute=True), tmp_path / "val"
     run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST], check=True)
     val = load_validation(out)
     names = {m.name for m in val.metrics}
@@ -74,6 +77,15 @@ def test_directory_is_what_the_report_reads(tmp_path):
     ratios = {(r["op"], r["link"]): r for r in summary["step_ratios"]}
     assert set(ratios) == {(op, "intra") for op in steps["op"] if op in OPS}
     assert sum(r["steps"] for r in ratios.values()) == steps["op"].isin(OPS).sum()
+    steps = steps.sort_values(["layer", "strategy", "index"])
+    follows = steps.groupby(["layer", "strategy"])["op"].shift() == "compute"
+    assert (steps["after_compute"] == follows).all()
+    calls = steps[steps["op"].isin(OPS)]          # the after-compute models price exactly those after compute
+    assert calls["after_compute"].any() and (~calls["after_compute"]).any()
+    assert ((calls["predicted_s"] > 1e-3) == calls["after_compute"]).all()
+    per = calls.groupby(["layer", "strategy"])["predicted_s"].sum()
+    np.testing.assert_allclose(per.reindex(pd.MultiIndex.from_frame(comm[["layer", "strategy"]])),
+                               comm["predicted_comm_s"], rtol=1e-9)
     run = json.loads((out / "run.json").read_text())
     assert run["mpi_library_version"] and run["cpu_steal"] == summary["cpu_steal"]
     assert set(summary["cpu_steal"]) == set(run["hosts"]) and 0 <= summary["cpu_steal"][run["hosts"][0]] <= 1
