@@ -27,6 +27,9 @@
 #   COMMCAL_BACKEND     mpi | mpi-cuda | nccl (default mpi)
 #   COMMCAL_TARGET_CI, COMMCAL_POINT_BUDGET   the sweep's stopping rule (--target-ci, --point-budget)
 #   COMMCAL_SWEEP_ARGS  more `commcal sweep` arguments, verbatim
+#   COMMCAL_AFTER_GEMM  N > 0: sweep a second time with an N x N GEMM before each call (run directory
+#                       RUN-after-gemmN) and fit it as the after-compute models, which price the collectives
+#                       that follow a computation in a training step (default 0: one sweep)
 #   COMMCAL_LAUNCHER    srun (default: srun --mpi=$COMMCAL_SRUN_MPI, pmix unless set) | mpirun
 #                       (mpirun inside the allocation, unbound)
 #   COMMCAL_REPORT      auto (default: build the report when `commcal report` exists) | 0 (skip)
@@ -82,6 +85,9 @@ sweep_args=(sweep --out "$run_dir" --resume --backend "$backend")
 [ -n "${COMMCAL_TARGET_CI:-}" ] && sweep_args+=(--target-ci "$COMMCAL_TARGET_CI")
 [ -n "${COMMCAL_POINT_BUDGET:-}" ] && sweep_args+=(--point-budget "$COMMCAL_POINT_BUDGET")
 if [ -n "${COMMCAL_SWEEP_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_SWEEP_ARGS"; sweep_args+=("${extra[@]}"); fi
+after_gemm=${COMMCAL_AFTER_GEMM:-0}
+case $after_gemm in '' | *[!0-9]*) fail "COMMCAL_AFTER_GEMM must be a whole number, not '$after_gemm'" 2 ;; esac
+after_dir=$run_dir-after-gemm$after_gemm
 
 # Open MPI: never bind every "node"'s rank to the same core; yield when idle (shared cores).
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
@@ -102,20 +108,29 @@ say "job $SLURM_JOB_ID on $cluster: $nodes node(s) (${SLURM_JOB_NODELIST:-?}), $
 say "run directory $run_dir"
 say "calibration   $calibration"
 
-# --- 1. sweep --------------------------------------------------------------------------------------
-say "step 1/3: ${launch[*]} ${COMMCAL_CMD[*]} ${sweep_args[*]}"
-set +e
-"${launch[@]}" "${COMMCAL_CMD[@]}" "${sweep_args[@]}"
-rc=$?
-set -e
-if [ $rc -ne 0 ]; then
-  fail "step 1 (sweep) exited $rc; the error is above: a usage error, an MPI world that is not the $ntasks Slurm tasks, wrong results, a crash or the time limit. Finished points are kept in $run_dir: resubmit to resume" "$rc"
+# --- 1. sweep (and the after-compute sweep) ---------------------------------------------------------
+run_sweep() {  # run_sweep DIR [more arguments]: one sweep into DIR, failing the job loudly
+  local dir=$1; shift
+  say "step 1/3: ${launch[*]} ${COMMCAL_CMD[*]} ${sweep_args[*]} $*"
+  set +e
+  "${launch[@]}" "${COMMCAL_CMD[@]}" "${sweep_args[@]}" "$@"
+  local rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then
+    fail "step 1 (sweep) exited $rc; the error is above: a usage error, an MPI world that is not the $ntasks Slurm tasks, wrong results, a crash or the time limit. Finished points are kept in $dir: resubmit to resume" "$rc"
+  fi
+  [ -f "$dir/summary.csv" ] || fail "sweep wrote no $dir/summary.csv"
+}
+run_sweep "$run_dir"
+fit_args=(fit "$run_dir" --out "$calibration")
+if [ "$after_gemm" -gt 0 ]; then
+  run_sweep "$after_dir" --out "$after_dir" --after-gemm "$after_gemm"
+  fit_args+=(--after-compute "$after_dir")
 fi
-[ -f "$run_dir/summary.csv" ] || fail "sweep wrote no $run_dir/summary.csv"
 
 # --- 2. fit ------------------------------------------------------------------------------------------
-say "step 2/3: ${COMMCAL_CMD[*]} fit $run_dir --out $calibration"
-"${COMMCAL_CMD[@]}" fit "$run_dir" --out "$calibration" || fail "commcal fit exited $?"
+say "step 2/3: ${COMMCAL_CMD[*]} ${fit_args[*]}"
+"${COMMCAL_CMD[@]}" "${fit_args[@]}" || fail "commcal fit exited $?"
 [ -s "$calibration" ] || fail "commcal fit wrote no $calibration"
 
 # --- 3. report (when the installed commcal has one) ------------------------------------------------

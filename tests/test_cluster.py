@@ -247,6 +247,25 @@ def test_sbatch_validate_sh_quick_ranks_strategies_on_both_link_classes(cluster)
     assert sorted(set(run.get("hosts", []))) == list(NODES), run.get("hosts")
 
 
+def test_sbatch_sweep_sh_after_gemm_fits_the_after_compute_models(cluster):
+    """COMMCAL_AFTER_GEMM: a second sweep with a GEMM before each call, fitted as the after-compute models."""
+    out = cluster.work / "after"
+    env = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra", "COMMCAL_OPS": "allreduce",
+           "COMMCAL_SIZES": "1K,4K,16K,64K,256K,1M", "COMMCAL_OUT_DIR": str(out), "COMMCAL_RUN_NAME": "run",
+           "COMMCAL_AFTER_GEMM": "96", "COMMCAL_REPORT": "0"}
+    job = cluster.sbatch("-o", "after-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(job, 300)
+    log = (cluster.work / f"after-{job}.out").read_text()
+    assert ok, f"{text}\n{log}\n{cluster.logs()}"
+    assert json.loads((out / "run-after-gemm96" / "run.json").read_text())["options"]["after_gemm"] == 96
+    data = json.loads(next(out.glob("localcluster-*.json")).read_text())
+    assert data["after_compute"]["after_gemm"] == 96 and "intra" in data["after_compute"]["models"]["allreduce"]
+    assert "intra" in data["models"]["allreduce"] and len(data["provenance"]["runs"]) == 2
+    bad = cluster.sbatch("-o", "after-bad-%j.out", str(SWEEP), env={**env, "COMMCAL_AFTER_GEMM": "lots"})
+    ok, text = cluster.wait(bad, 60)
+    assert not ok and "COMMCAL_AFTER_GEMM must be a whole number" in (cluster.work / f"after-bad-{bad}.out").read_text()
+
+
 def test_time_limit_kill_keeps_points_and_resubmission_resumes(cluster):
     # a full-size sweep cannot finish in sbatch's smallest time limit (1 minute)
     env = {"COMMCAL_OPS": "allreduce,pingpong", "COMMCAL_OUT_DIR": str(cluster.work / "timelimit"),
