@@ -221,6 +221,8 @@ class Calibration:
         if after_compute and (op, link) in self._after:
             notes.append(f"after a local computation: the after-compute model (sweeps with a {self.after_gemm}x"
                          f"{self.after_gemm} GEMM before each call)")
+        elif after_compute:
+            notes.append(f"no after-compute model for {op} on {link}: the main model")
         if t < 0:
             notes.append(f"model gives {t:.3g} s; clipped to 0")
         return Prediction(max(t, 0.0), max(t - half, 0.0), max(t + half, 0.0), extrapolated, m.algorithm, link,

@@ -228,6 +228,7 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     assert "after-compute model" in got["note"] and got["seconds"] == pytest.approx(
         float(cal.predict_seconds("allreduce", "intra", 4, [1024], True)[0]))
     assert "after-compute" not in json.loads(_cli(capsys, predict)[1])["note"]
+    assert "no after-compute model for allgather" in cal.predict("allgather", "intra", 4, 1024, True).note
     code, md, _ = _cli(capsys, ["table", str(out)])
     assert code == 0 and "## Collective models after a local computation (sweeps with a 384x384 GEMM" in md
     code, csv, _ = _cli(capsys, ["table", str(out), "--format", "csv"])
