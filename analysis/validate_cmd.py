@@ -19,8 +19,9 @@ from microbench.stats import StopRule
 
 QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
                 "embedding:vocab=256,dim=64,tokens=128,density=0.25")
-QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16, "rounds": 3}
-DEFAULTS = {"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64, "rounds": 3}
+QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16, "rounds": 3, "refine_rounds": 3}
+DEFAULTS = {"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64, "rounds": 3,
+            "refine_rounds": 6}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +48,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time each layer's strategies in this many passes over them, each with its share of the "
                         f"budget, pooling the samples (default {DEFAULTS['rounds']}), so that the machine's drift "
                         "over seconds does not favour the strategies timed in a quiet window")
+    p.add_argument("--refine-rounds", type=int, default=None,
+                   help="then this many more passes, each with a round's budget, over each layer's contenders: "
+                        "the strategies within --refine-margin of the layer's best, predicted or measured, end to "
+                        "end or in communication; they decide top-1 and regret, where a near-tie would otherwise "
+                        f"be settled by noise (default {DEFAULTS['refine_rounds']}; quick "
+                        f"{QUICK['refine_rounds']}; 0: none)")
+    p.add_argument("--refine-margin", type=float, default=0.1,
+                   help="contenders are within this fraction of the best (default 0.1)")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"(default {DEFAULTS['max_strategies']}; quick {QUICK['max_strategies']})")
@@ -60,20 +69,24 @@ class Config:
     rule: StopRule
     max_strategies: int
     rounds: int
+    refine_rounds: int
+    refine_margin: float
 
 
 def config(args) -> Config:
     base = QUICK if args.quick else DEFAULTS
     pick = lambda name: base[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
     target, budget, mins, most = pick("target_ci"), pick("budget"), pick("min_samples"), pick("max_strategies")
-    rounds = pick("rounds")
+    rounds, refine = pick("rounds"), pick("refine_rounds")
     if not (0 < target < 1) or budget <= 0 or mins < 2 or most < 1 or rounds < 1 or args.top_k < 1 \
-            or args.bootstrap < 0:
+            or args.bootstrap < 0 or refine < 0 or not args.refine_margin >= 0:
         raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
-                         "--rounds >= 1, --top-k >= 1 and --bootstrap >= 0")
+                         "--rounds >= 1, --refine-rounds >= 0, --refine-margin >= 0, --top-k >= 1 and "
+                         "--bootstrap >= 0")
     if not args.layer and not args.quick:
         raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers)")
-    return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds)
+    return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds, refine,
+                  args.refine_margin)
 
 
 def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
@@ -115,6 +128,17 @@ def choose(total_s: np.ndarray, most: int, seed: int) -> list[tuple[int, str]]:
     top = most - most // 2
     rest = np.random.default_rng(seed).choice(order[top:], size=most - top, replace=False)
     return [(int(i), "top") for i in order[:top]] + [(int(i), "sample") for i in sorted(rest)]
+
+
+def contenders(times: list[np.ndarray], margin: float) -> list[int]:
+    """Indices within (1 + margin) of the best of any of the given time columns (NaN: not ranked there), in
+    index order: the strategies whose order decides a layer's top-1 and regret."""
+    keep = np.zeros(len(times[0]), dtype=bool)
+    for col in times:
+        col = np.asarray(col, dtype=float)
+        if np.isfinite(col).any():
+            keep |= col <= np.nanmin(col) * (1 + margin)
+    return [int(i) for i in np.flatnonzero(keep)]
 
 
 def run(args: argparse.Namespace) -> int:

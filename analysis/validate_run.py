@@ -18,7 +18,7 @@ from analysis.layers import Compute
 from analysis.pricing import Pricer, after_compute
 from analysis.search_cmd import nics_per_node
 from analysis.search import Tabulator
-from analysis.validate_cmd import check_feasible, check_links, choose
+from analysis.validate_cmd import check_feasible, check_links, choose, contenders
 from microbench import provenance
 from microbench.errors import UsageError
 from microbench.sweep_cmd import backend_for
@@ -60,13 +60,15 @@ def main(args, cfg, layers, cal) -> int:
             for _ in range(cfg.rounds):             # passes over the strategies, so that drift hits them alike
                 for _, _, bench in benches:
                     bench.visit(visit_rule)
+            refined = _refine(world, cfg, opts, benches, visit_rule)
             timings = [bench.timed(cfg.rule) for _, _, bench in benches]
             steals = coll.world_max(np.array([-1.0 if t.cpu_steal is None else t.cpu_steal for t in timings]))
             for (i, why, bench), timed, steal in zip(benches, timings, steals):
                 timed = replace(timed, cpu_steal=float(steal) if steal >= 0 else None)   # the most stolen host
-                rows.append(_row(name, layer, opts, i, why, bench.prog, timed))
+                rows.append(_row(name, layer, opts, i, why, bench.prog, timed) | {"refined": i in refined})
                 steps += _step_rows(name, opts.schedules[i].strategy.id, bench.prog, timed, pricer)
-            say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok", flush=True)
+            say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
+                + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
     except NumericsError as exc:
         if world.rank == 0:
             print(f"commcal: error: numerics mismatch: {exc}", file=sys.stderr, flush=True)
@@ -75,8 +77,28 @@ def main(args, cfg, layers, cal) -> int:
         coll.free()
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
-        _write(args, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal)
+        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal)
     return 0
+
+
+def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
+    """Visit the layer's contenders (strategy indices, decided on rank 0 from the pooled rounds) in
+    cfg.refine_rounds more passes; returns their indices."""
+    if not cfg.refine_rounds:
+        return set()
+    picked = None
+    if world.rank == 0:
+        timed = [bench.timed(cfg.rule) for _, _, bench in benches]
+        talks = np.array([any(it.is_comm for it in bench.prog.items) for _, _, bench in benches])
+        idx = [i for i, _, _ in benches]
+        cols = [opts.time_s[idx], np.where(talks, opts.comm_s[idx], np.nan), [t.total.median for t in timed],
+                np.where(talks, [t.comm.median for t in timed], np.nan)]
+        picked = contenders(cols, cfg.refine_margin)
+    picked = world.bcast(picked, root=0)
+    for _ in range(cfg.refine_rounds):
+        for k in picked:
+            benches[k][2].visit(visit_rule)
+    return {benches[k][0] for k in picked}
 
 
 def _row(name, layer, opts, i, why, prog, timed) -> dict:
@@ -106,7 +128,7 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     return out
 
 
-def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict) -> None:
+def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict) -> None:
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
     comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
@@ -125,6 +147,7 @@ def _write(args, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, ste
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
+        "refine": {"rounds": cfg.refine_rounds, "margin": cfg.refine_margin, "strategies": int(frame["refined"].sum())},
         "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",

@@ -97,3 +97,27 @@ def test_one_run_scored_as_the_prediction_of_another():
     # communication: layer b has one communicating strategy, so its accuracy alone counts there
     assert m["comm_mean_accuracy"]["value"] == pytest.approx(1 - 0.25)
     assert m["comm_kendall_tau"]["value"] == pytest.approx(1) and m["comm_kendall_tau"]["ci95"] is None
+
+
+def test_contenders_are_near_the_best_of_any_column_and_nan_ranks_nowhere():
+    from analysis.validate_cmd import contenders
+
+    nan = float("nan")
+    pred, pred_comm = [1.0, 1.05, 1.2, 2.0, 1.5], [nan, 0.5, 0.54, 0.6, 0.56]
+    meas, meas_comm = [1.3, 1.0, 1.09, 3.0, 1.2], [nan, 0.7, 0.5, 0.9, 0.56]
+    assert contenders([pred, pred_comm, meas, meas_comm], 0.1) == [0, 1, 2]
+    assert contenders([pred, pred_comm, meas, meas_comm], 0.0) == [0, 1, 2]     # each column's own best
+    assert contenders([pred, pred_comm, meas, meas_comm], 0.15) == [0, 1, 2, 4]
+    assert contenders([pred], 0.0) == [0] and contenders([[2.0, 2.0, 3.0]], 0.0) == [0, 1]   # a tie keeps both
+    assert contenders([[nan, nan], [3.0, 1.0]], 0.5) == [1]                       # an all-NaN column adds none
+    assert contenders([pred, meas], 1.0) == [0, 1, 2, 3, 4]
+
+
+def test_choose_keeps_all_or_the_predicted_top_half_and_a_seeded_sample():
+    from analysis.validate_cmd import choose
+
+    times = np.arange(10.0)[::-1]
+    assert choose(times, 10, 0) == [(i, "all") for i in range(10)]
+    got = choose(times, 4, 7)
+    assert got[:2] == [(9, "top"), (8, "top")] and [w for _, w in got[2:]] == ["sample", "sample"]
+    assert len({i for i, _ in got}) == 4 and all(i < 8 for i, _ in got[2:]) and got == choose(times, 4, 7)

@@ -44,7 +44,8 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
     assert set(frame["layer"]) == {"linear.linear", "mlp.fc1", "mlp.act1", "mlp.fc2", "embedding.embed"}
     assert (frame["max_rel_err"] <= TOLERANCE["float32"]).all()
     assert (frame["measured_s"] > 0).all() and (frame["samples"] >= 2 * 3).all()
-    assert (frame["rounds"] == 3).all() and (frame["round_spread"] >= 0).all()   # three passes, pooled
+    assert (frame["rounds"] == 3 + 6 * frame["refined"]).all() and (frame["round_spread"] >= 0).all()  # pooled
+    assert frame.groupby("layer")["refined"].any().all()       # each layer's contenders: 6 more passes
     steal = frame["cpu_steal"].dropna()          # unknown only where a strategy's visits spanned no clock tick
     assert len(steal) and steal.between(0, 1).all()
     comm = frame[frame["comm_steps"] > 0]
@@ -69,6 +70,11 @@ def test_directory_is_what_the_report_reads(tmp_path):
     assert len(val.strategies) == 8 and {"predicted_comm_s", "measured_comm_s"} <= set(val.strategies.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
+    s = val.strategies
+    near = (s["predicted_s"] <= s["predicted_s"].min() * 1.1) | ((s["comm_steps"] > 0) & (
+        s["predicted_comm_s"] <= s.loc[s["comm_steps"] > 0, "predicted_comm_s"].min() * 1.1))
+    assert near.any() and s.loc[near, "refined"].all() and (s["rounds"] == 3 + 6 * s["refined"]).all()
+    assert summary["refine"] == {"rounds": 6, "margin": 0.1, "strategies": int(s["refined"].sum())}
     comm = val.strategies[val.strategies["comm_steps"] > 0]        # one node: all of it intra-node
     assert list(summary["by_link"]) == ["intra"] and summary["by_link"]["intra"]["strategies"] == len(comm)
     acc = summary["by_link"]["intra"]["comm_mean_accuracy"]["value"]
@@ -96,6 +102,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     (2, ["--mesh", "2", "--layer", "linear:m=3,k=8,n=8"], "not divisible by 2"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--inter-only"], "link class 'intra'"),
     (2, ["--mesh", "2", "--layer", "bogus"], "unknown model or layer"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--refine-rounds", "-1"], "--refine-rounds >= 0"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--backend", "nccl"], "needs a calibration of the same backend"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
