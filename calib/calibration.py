@@ -89,7 +89,7 @@ def validate(data: object, where: str = "calibration") -> None:
     bad = _non_finite(data)
     if bad is not None:
         raise UsageError(f"{where}: key '{bad}' is not a finite number")
-    for key, models in _model_sets(data):
+    for key, models in model_sets(data):
         for op, by_link in models.items():
             for link, model in by_link.items():
                 if model["algorithm"] not in known_algorithms():
@@ -97,7 +97,7 @@ def validate(data: object, where: str = "calibration") -> None:
                                      f"expected one of {list(known_algorithms())}")
 
 
-def _model_sets(data: dict) -> list[tuple[str, dict]]:
+def model_sets(data: dict) -> list[tuple[str, dict]]:
     """(key, {op: {link: model}}) of the main models and, where the file has them, the after-compute ones."""
     after = data.get("after_compute")
     return [("models", data["models"])] + ([("after_compute.models", after["models"])] if after else [])
@@ -164,7 +164,7 @@ class Calibration:
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", self.data["backend"])
         sets = [{(op, link): _Piecewise.from_json(m) for op, by_link in models.items() for link, m in by_link.items()}
-                for _, models in _model_sets(self.data)]
+                for _, models in model_sets(self.data)]
         object.__setattr__(self, "_models", sets[0])
         object.__setattr__(self, "_after", sets[1] if len(sets) > 1 else {})
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 
+from calib.calibration import model_sets
 from calib.tables import alpha_beta_frame
 from microbench.sizes import format_size
 from reports.document import Note, Section, Table, Text
@@ -35,18 +36,23 @@ def models(data: dict) -> list[tuple[str, str, dict]]:
 
 
 def alpha_beta_table(data: dict) -> Table:
+    """One row per model: the main ones (calls back to back), then the after-compute ones where the file has them."""
     rows = []
-    for op, link, m in models(data):
-        h = m["heldout"]
-        rows.append((op, link, m["algorithm"], _us(m["alpha_s"]),
-                     f"{_us(m['alpha_ci95_s'][0])} – {_us(m['alpha_ci95_s'][1])}",
-                     _gbps(m["beta_s_per_byte"]),
-                     f"{_gbps(m['beta_ci95_s_per_byte'][1])} – {_gbps(m['beta_ci95_s_per_byte'][0])}",
-                     str(len(m["segments"])), ", ".join(map(str, m["procs_measured"])),
-                     _pct(h["median_abs_rel_err"]), _pct(h["p90_abs_rel_err"])))
+    after = data.get("after_compute")
+    for key, by_op in model_sets(data):
+        context = "back to back" if key == "models" else f"after a {after['after_gemm']}² GEMM"
+        for op, by_link in by_op.items():
+            for link, m in by_link.items():
+                h = m["heldout"]
+                rows.append((op, link, context, m["algorithm"], _us(m["alpha_s"]),
+                             f"{_us(m['alpha_ci95_s'][0])} – {_us(m['alpha_ci95_s'][1])}",
+                             _gbps(m["beta_s_per_byte"]),
+                             f"{_gbps(m['beta_ci95_s_per_byte'][1])} – {_gbps(m['beta_ci95_s_per_byte'][0])}",
+                             str(len(m["segments"])), ", ".join(map(str, m["procs_measured"])),
+                             _pct(h["median_abs_rel_err"]), _pct(h["p90_abs_rel_err"])))
     return Table("Alpha/beta per operation and link class (alpha of the smallest-size segment, "
-                 "bandwidth 1/beta of the largest)",
-                 ("operation", "link", "algorithm", "alpha (µs)", "alpha 95% CI (µs)", "1/beta (GB/s)",
+                 "bandwidth 1/beta of the largest); calls after a computation by their own models where fitted",
+                 ("operation", "link", "calls", "algorithm", "alpha (µs)", "alpha 95% CI (µs)", "1/beta (GB/s)",
                   "1/beta 95% CI (GB/s)", "segments", "procs measured", "held-out median |err|",
                   "held-out p90 |err|"), tuple(rows))
 

@@ -1,5 +1,6 @@
-"""What changed between two calibrations of a machine: each model's alpha and bandwidth (1/beta), its algorithm,
-and the GEMM rates; relative change, and whether the new value left the old one's 95% CI (or the reverse)."""
+"""What changed between two calibrations of a machine: each model's alpha and bandwidth (1/beta) and its algorithm,
+the after-compute models' too where either file has them, and the GEMM rates; relative change, and whether the new
+value left the old one's 95% CI (or the reverse)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calib.calibration import model_sets
 from reports.document import Table
 from reports.plotting import COLORS, GB, US, new_figure
 
@@ -17,7 +19,7 @@ CHANGE_LABEL = "change from A to B (%)"
 class Change:
     """One parameter in A and B (display units), with 95% CIs where the calibration gives them."""
 
-    subject: str                    # "allreduce/intra", "gemm/float32"
+    subject: str                    # "allreduce/intra", "allreduce/intra after compute", "gemm/float32"
     parameter: str                  # "alpha (µs)", "bandwidth 1/beta (GB/s)", "algorithm", "rate (GFLOP/s)"
     a: float | str | None           # None: not in that calibration
     b: float | str | None
@@ -52,19 +54,27 @@ def _model_params(m: dict) -> dict[str, tuple]:
             "algorithm": (m["algorithm"], None)}
 
 
+def _model_sets(data: dict) -> dict[str, dict]:
+    """{subject suffix: {op: {link: model}}}: the main models, and the after-compute ones where the file has them."""
+    return {"" if key == "models" else " after compute": models for key, models in model_sets(data)}
+
+
 def changes(a: dict, b: dict) -> list[Change]:
-    """Every compared parameter, models in A's order then those new in B, then GEMM rates."""
+    """Every compared parameter: models in A's order then those new in B (the main models, then the after-compute
+    ones), then GEMM rates."""
     out = []
-    keys = list(dict.fromkeys([(op, link) for op, by in a["models"].items() for link in by] +
-                              [(op, link) for op, by in b["models"].items() for link in by]))
-    for op, link in keys:
-        ma, mb = a["models"].get(op, {}).get(link), b["models"].get(op, {}).get(link)
-        pa = _model_params(ma) if ma else {}
-        pb = _model_params(mb) if mb else {}
-        for name in ("alpha (µs)", "bandwidth 1/beta (GB/s)", "algorithm"):
-            va, ca = pa.get(name, (None, None))
-            vb, cb = pb.get(name, (None, None))
-            out.append(Change(f"{op}/{link}", name, va, vb, ca, cb))
+    sets_a, sets_b = _model_sets(a), _model_sets(b)
+    for suffix in dict.fromkeys([*sets_a, *sets_b]):
+        ms_a, ms_b = sets_a.get(suffix, {}), sets_b.get(suffix, {})
+        keys = dict.fromkeys([(op, link) for ms in (ms_a, ms_b) for op, by in ms.items() for link in by])
+        for op, link in keys:
+            ma, mb = ms_a.get(op, {}).get(link), ms_b.get(op, {}).get(link)
+            pa = _model_params(ma) if ma else {}
+            pb = _model_params(mb) if mb else {}
+            for name in ("alpha (µs)", "bandwidth 1/beta (GB/s)", "algorithm"):
+                va, ca = pa.get(name, (None, None))
+                vb, cb = pb.get(name, (None, None))
+                out.append(Change(f"{op}/{link}{suffix}", name, va, vb, ca, cb))
     for dtype in dict.fromkeys([*a["compute"]["gemm"], *b["compute"]["gemm"]]):
         ga, gb = a["compute"]["gemm"].get(dtype), b["compute"]["gemm"].get(dtype)
         out.append(Change(f"gemm/{dtype}", "rate (GFLOP/s)", ga and ga["flops_per_s"] / GB,

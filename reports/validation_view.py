@@ -15,7 +15,8 @@ A validation directory DIR holds (summary.json or the strategies table may be ab
   DIR/strategies.parquet or DIR/strategies.csv   one row per (layer, strategy):
       required: layer, strategy, predicted_s, measured_s
       optional: predicted_low_s, predicted_high_s (prediction interval), measured_ci_low_s, measured_ci_high_s,
-                predicted_comm_s, measured_comm_s (the communication part of each time); empty (NaN) where unknown
+                predicted_comm_s, measured_comm_s (the communication part of each time); empty (NaN) where unknown;
+                refined (true where validate timed the strategy again as a near-best contender)
   DIR/run.json (optional)   provenance of the validation run, shown as a table.
 """
 
@@ -377,15 +378,19 @@ def step_ratio_figure(ratios: tuple[StepRatio, ...]):
 
 
 def layers_table(frame: pd.DataFrame) -> Table:
-    """Per layer: the measured best strategy, the predicted best, and the measured cost of trusting the prediction."""
+    """Per layer: the measured best strategy, the predicted best, the measured cost of trusting the prediction, and
+    (where the table records it) how many near-best contenders validate timed again."""
+    refined = "refined" in frame.columns
     rows = []
     for layer, part in frame.groupby("layer", sort=False):
         best = part.loc[part["measured_s"].idxmin()]
         pick = part.loc[part["predicted_s"].idxmin()]
         rows.append((layer, str(len(part)), best["strategy"], f"{best['measured_s'] * MS:.4g}", pick["strategy"],
-                     f"{pick['measured_s'] * MS:.4g}", f"{100 * (pick['measured_s'] / best['measured_s'] - 1):.1f}%"))
+                     f"{pick['measured_s'] * MS:.4g}", f"{100 * (pick['measured_s'] / best['measured_s'] - 1):.1f}%",
+                     *((str(int(part["refined"].sum())),) if refined else ())))
     return Table("Per layer", ("layer", "strategies", "measured best", "its time (ms)", "predicted best",
-                               "its measured time (ms)", "regret"), tuple(rows))
+                               "its measured time (ms)", "regret", *(("contenders refined",) if refined else ())),
+                 tuple(rows))
 
 
 def _zeros(frame: pd.DataFrame) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calib.calibration import model_sets
 from calib.synthetic import synthetic_calibration
 from microbench.cli import main
 from reports import diff
@@ -18,8 +19,8 @@ MODELS = {("allreduce", "intra"): (4e-6, 1e-10), ("allreduce", "inter"): (2e-5, 
 
 
 def _with_cis(data: dict, rel: float = 0.1) -> dict:
-    """Give every model a +-rel 95% CI on alpha and beta (synthetic ones are exact)."""
-    for by_link in data["models"].values():
+    """Give every model, after-compute ones included, a +-rel 95% CI on alpha and beta (synthetic ones are exact)."""
+    for by_link in (by for _, models in model_sets(data) for by in models.values()):
         for m in by_link.values():
             m["alpha_ci95_s"] = [m["alpha_s"] * (1 - rel), m["alpha_s"] * (1 + rel)]
             m["beta_ci95_s_per_byte"] = [m["beta_s_per_byte"] * (1 - rel), m["beta_s_per_byte"] * (1 + rel)]
@@ -104,3 +105,25 @@ def test_diff_of_a_corrupt_calibration_is_a_usage_error(cals, capsys):
     assert main(["diff", str(a), str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing key" in err[0]
+
+
+def test_after_compute_models_are_compared_apart_from_the_main_ones():
+    """A's after-compute allreduce/intra runs at half bandwidth in B; B alone has an after-compute allreduce/inter.
+    The main models are equal, so only the after-compute rows change."""
+    after = {("allreduce", "intra"): (8e-5, 1e-10)}
+    a = _with_cis(synthetic_calibration(MODELS, after_compute=after))
+    b = _with_cis(synthetic_calibration(MODELS, after_compute={**after, ("allreduce", "inter"): (9e-5, 1e-9)}))
+    b["after_compute"]["models"]["allreduce"]["intra"]["beta_s_per_byte"] *= 2
+    items = diff.changes(a, b)
+    bw = _find(items, "allreduce/intra after compute", "bandwidth 1/beta (GB/s)")
+    assert bw.relative == pytest.approx(-0.5) and bw.significant
+    assert _verdict_of(items, "allreduce/inter after compute") == "only in B"
+    assert not _find(items, "allreduce/intra", "bandwidth 1/beta (GB/s)").significant
+    assert sorted({c.subject for c in items if c.significant}) == [
+        "allreduce/inter after compute", "allreduce/intra after compute"]
+    no_after = _with_cis(synthetic_calibration(MODELS))
+    assert _verdict_of(diff.changes(a, no_after), "allreduce/intra after compute") == "only in A"
+
+
+def _verdict_of(items, subject):
+    return {(r[0], r[1]): r[-1] for r in diff.table(items).rows}[(subject, "alpha (µs)")]

@@ -144,6 +144,26 @@ def test_calibration_figures_show_every_model(inputs):
     assert np.allclose(sorted(h for h in heights if np.isfinite(h)), [2, 4, 4])   # medians in %, from the file
 
 
+def test_alpha_beta_table_lists_the_after_compute_models_after_the_main_ones():
+    data = synthetic_calibration({("allreduce", "intra"): (4e-6, 1e-10), ("allreduce", "inter"): (2e-5, 1e-9)},
+                                 after_compute={("allreduce", "intra"): (8e-5, 2e-10)})
+    rows = calibration_view.alpha_beta_table(data).rows
+    assert [r[:3] for r in rows] == [("allreduce", "intra", "back to back"), ("allreduce", "inter", "back to back"),
+                                     ("allreduce", "intra", "after a 384² GEMM")]
+    assert [r[4] for r in rows] == ["4", "20", "80"] and rows[2][6] == "5"   # alpha in µs; 1/beta in GB/s
+    del data["after_compute"]
+    assert len(calibration_view.alpha_beta_table(data).rows) == 2
+
+
+def test_layers_table_names_both_bests_the_regret_and_the_refined_contenders():
+    frame = pd.DataFrame({"layer": ["a", "a", "a", "b"], "strategy": ["x", "y", "z", "w"],
+                          "predicted_s": [1e-3, 2e-3, 3e-3, 1e-3], "measured_s": [2.2e-3, 2e-3, 5e-3, 1e-3],
+                          "refined": [True, True, False, False]})
+    rows = validation_view.layers_table(frame).rows
+    assert rows == (("a", "3", "y", "2", "x", "2.2", "10.0%", "2"), ("b", "1", "w", "1", "w", "1", "0.0%", "0"))
+    assert len(validation_view.layers_table(frame.drop(columns="refined")).rows[0]) == 7
+
+
 def test_validation_figures_pair_bars_sorted_by_measured_time(inputs):
     val = validation_view.load_validation(inputs["validation"])
     bars = validation_view.paired_bars_figure(val.strategies)
