@@ -17,6 +17,7 @@ from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
 from microbench.stats import StopRule
 
+ALLOCATORS = ("cache", "system")
 QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
                 "embedding:vocab=256,dim=64,tokens=128,density=0.25")
 QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16, "rounds": 3, "refine_rounds": 3}
@@ -56,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{QUICK['refine_rounds']}; 0: none)")
     p.add_argument("--refine-margin", type=float, default=0.1,
                    help="contenders are within this fraction of the best (default 0.1)")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="cache",
+                   help="cache (default): freed host memory stays mapped for reuse, as in a framework's caching "
+                        "allocator, so steps do not pay page faults on their new arrays (which the sweep's buffers "
+                        "never do); system: the C library's default, which gives large blocks back")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"(default {DEFAULTS['max_strategies']}; quick {QUICK['max_strategies']})")

@@ -23,9 +23,11 @@ from microbench import provenance
 from microbench.errors import UsageError
 from microbench.sweep_cmd import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
+from microbench.buffers import keep_freed_memory
 
 
 def main(args, cfg, layers, cal) -> int:
+    allocator = args.allocator if args.allocator == "system" or keep_freed_memory() else "system (no mallopt)"
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
     pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
@@ -44,7 +46,7 @@ def main(args, cfg, layers, cal) -> int:
     runner = Runner(mesh, coord, coll, backend.xp)
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
-        f"calibration {args.calibration}", flush=True)
+        f"calibration {args.calibration}; host allocator {allocator}", flush=True)
     rows, steps = [], []
     counters = provenance.cpu_counters()
     try:
@@ -77,7 +79,7 @@ def main(args, cfg, layers, cal) -> int:
         coll.free()
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
-        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal)
+        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal, allocator)
     return 0
 
 
@@ -128,7 +130,7 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     return out
 
 
-def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict) -> None:
+def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict, allocator: str) -> None:
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
     comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
@@ -147,6 +149,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
+        "allocator": allocator,
         "refine": {"rounds": cfg.refine_rounds, "margin": cfg.refine_margin, "strategies": int(frame["refined"].sum())},
         "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
@@ -154,7 +157,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
                   "time on that link class; step_ratios: measured / predicted time of each collective's steps",
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
-                  "(null: unknown)"]})
+                  "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
+                  "on a step's new arrays); system: the C library's default"]})
     atomic_write_json(f"{out}/run.json", {
         "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),

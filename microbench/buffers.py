@@ -5,6 +5,7 @@ as a collective between compute steps of training does (and as the validation ha
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,25 @@ CACHE_MODES = ("cold", "warm")
 POOL_BYTES = 64 << 20
 ALIGN = 4096
 """Slots start on page boundaries, as large single buffers do."""
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's mallopt parameters."""
+HEAP_BLOCK_LIMIT = 32 << 20
+"""The largest block glibc's heap may serve (its cap for M_MMAP_THRESHOLD on 64-bit)."""
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve blocks up to 32 MiB from its heap and keep what is freed there, as a framework's
+    caching allocator does: a computation's new array then reuses pages already mapped instead of faulting in
+    fresh ones (about 10 µs per 4 KiB page on a VM, 2.5 ms per MiB, a cost the sweep's long-lived buffers never
+    pay). False where the C library has no mallopt or refuses."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_LIMIT)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def address(arr: Any) -> int:

@@ -4,6 +4,7 @@ layouts, link-class groups and the CPU steal arithmetic. No MPI needed."""
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,3 +318,29 @@ def test_sampling_runs_batches_until_the_rule_judges_the_totals_done():
     wide = True
     rows = sample_until_done(batch, rule, 0.01, lambda r: r.sum(axis=1))
     assert len(rows) == sum(calls) and sum(calls) * 0.01 >= rule.budget_s and calls[0] == 10
+
+
+FAULTS = """
+import resource, sys
+import numpy as np
+from microbench.buffers import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+def step():                      # two 1 MiB arrays alive at once, then both freed, as a layer's steps do
+    a = np.ones(1 << 18, dtype=np.float32)
+    return float((a * 2)[-1])
+for _ in range(5):
+    step()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 20)
+"""
+
+
+def test_keep_freed_memory_spares_new_arrays_their_page_faults():
+    """glibc by default gives the freed 2 MiB back and faults ~480 pages in again on every step; with the memory
+    kept, the arrays land on pages already mapped."""
+    got = {mode: subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True,
+                                cwd=Path(__file__).parents[1]).stdout.split() for mode in ("keep", "system")}
+    assert got["keep"][0] == "True" and float(got["keep"][1]) < 8
+    assert float(got["system"][1]) > 200

@@ -70,6 +70,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     assert len(val.strategies) == 8 and {"predicted_comm_s", "measured_comm_s"} <= set(val.strategies.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
+    assert summary["allocator"] == "cache"
     s = val.strategies
     near = (s["predicted_s"] <= s["predicted_s"].min() * 1.1) | ((s["comm_steps"] > 0) & (
         s["predicted_comm_s"] <= s.loc[s["comm_steps"] > 0, "predicted_comm_s"].min() * 1.1))
@@ -104,6 +105,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     (2, ["--mesh", "2", "--layer", "bogus"], "unknown model or layer"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--refine-rounds", "-1"], "--refine-rounds >= 0"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--backend", "nccl"], "needs a calibration of the same backend"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--allocator", "pool"], "--allocator: invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     inter = "--inter-only" in args
