@@ -54,7 +54,7 @@ def _model_params(m: dict) -> dict[str, tuple]:
             "algorithm": (m["algorithm"], None)}
 
 
-def _model_sets(data: dict) -> dict[str, dict]:
+def _by_suffix(data: dict) -> dict[str, dict]:
     """{subject suffix: {op: {link: model}}}: the main models, and the after-compute ones where the file has them."""
     return {"" if key == "models" else " after compute": models for key, models in model_sets(data)}
 
@@ -63,7 +63,7 @@ def changes(a: dict, b: dict) -> list[Change]:
     """Every compared parameter: models in A's order then those new in B (the main models, then the after-compute
     ones), then GEMM rates."""
     out = []
-    sets_a, sets_b = _model_sets(a), _model_sets(b)
+    sets_a, sets_b = _by_suffix(a), _by_suffix(b)
     for suffix in dict.fromkeys([*sets_a, *sets_b]):
         ms_a, ms_b = sets_a.get(suffix, {}), sets_b.get(suffix, {})
         keys = dict.fromkeys([(op, link) for ms in (ms_a, ms_b) for op, by in ms.items() for link in by])
