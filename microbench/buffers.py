@@ -1,7 +1,8 @@
 """Where each timed iteration finds its send and receive buffers. Warm: one pair, reused, so a loop of
 back-to-back calls runs from cache. Cold: copies of the pair filling a pool larger than a CPU's last-level
 cache or a GPU's L2, which iterations rotate through, so each call starts with its buffers out of cache,
-as a collective between compute steps of training does (and as the validation harness measures it)."""
+as a collective between compute steps of training does (and as the validation harness measures it). Also how
+the harness's freshly allocated arrays get their memory (keep_freed_memory)."""
 
 from __future__ import annotations
 
