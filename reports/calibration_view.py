@@ -105,17 +105,21 @@ def warnings(data: dict) -> list[str]:
 
 
 def grid(data: dict, value) -> tuple[list[str], list[str], np.ndarray]:
-    """(ops, links, values[op, link]) with NaN where the calibration has no model."""
-    ops = list(data["models"])
-    links = list(dict.fromkeys(link for _, link, _ in models(data)))
-    vals = np.full((len(ops), len(links)), np.nan)
-    for op, link, m in models(data):
-        vals[ops.index(op), links.index(link)] = value(m)
-    return ops, links, vals
+    """(ops, columns, values[op, column]) with NaN where the calibration has no model: a column per link class,
+    then one per link class of the after-compute models ("intra after compute") where the file has them."""
+    cells = [(op, link + ("" if key == "models" else " after compute"), m)
+             for key, by_op in model_sets(data) for op, by_link in by_op.items() for link, m in by_link.items()]
+    ops = list(dict.fromkeys(op for op, _, _ in cells))
+    columns = list(dict.fromkeys(col for _, col, _ in cells))
+    vals = np.full((len(ops), len(columns)), np.nan)
+    for op, col, m in cells:
+        vals[ops.index(op), columns.index(col)] = value(m)
+    return ops, columns, vals
 
 
 def alpha_beta_heatmap(data: dict):
-    """Two heatmaps over operations x link classes: alpha in µs and bandwidth 1/beta in GB/s (log colour)."""
+    """Two heatmaps over operations x link classes (and after-compute models): alpha in µs and bandwidth 1/beta in
+    GB/s (log colour)."""
     fig, axes = new_figure(11, 0.9 + 0.45 * max(3, len(data["models"])), ncols=2)
     for ax, (title, unit, value, cmap) in zip(axes, (
             ("alpha (latency term)", "µs", lambda m: m["alpha_s"] * US, "viridis_r"),
@@ -126,7 +130,7 @@ def alpha_beta_heatmap(data: dict):
         norm = LogNorm(positive.min(), max(positive.max(), positive.min() * 1.01)) if positive.size else None
         image = ax.imshow(np.where(vals > 0, vals, np.nan), cmap=cmap, norm=norm, aspect="auto")
         ax.grid(False)
-        ax.set_xticks(range(len(links)), links)
+        ax.set_xticks(range(len(links)), [c.replace(" ", "\n") for c in links])
         ax.set_yticks(range(len(ops)), ops)
         ax.set_xlabel("link class")
         ax.set_ylabel("operation")
@@ -142,7 +146,8 @@ def alpha_beta_heatmap(data: dict):
 
 
 def heldout_figure(data: dict):
-    """Grouped bars per operation, one per link class: cross-validated median |relative error|, p90 as a tick."""
+    """Grouped bars per operation, one per link class (and after-compute model): cross-validated median |relative
+    error|, p90 as a tick."""
     ops, links, med = grid(data, lambda m: np.nan if m["heldout"]["median_abs_rel_err"] is None
                            else 100 * m["heldout"]["median_abs_rel_err"])
     _, _, p90 = grid(data, lambda m: np.nan if m["heldout"]["p90_abs_rel_err"] is None
@@ -188,11 +193,12 @@ def section(cal, root: Path) -> Section:
     blocks += [alpha_beta_table(data),
                save_figure(alpha_beta_heatmap(data), root, "alpha-beta-heatmap", "Alpha and bandwidth heatmap",
                            "Fitted alpha (left, µs; smallest-size segment) and bandwidth 1/beta (right, GB/s; "
-                           "largest-size segment) per operation and link class; – marks a combination the "
-                           "calibration does not model."),
+                           "largest-size segment) per operation and link class, the after-compute models in "
+                           "columns of their own; – marks a combination the calibration does not model."),
                save_figure(heldout_figure(data), root, "heldout-error", "Held-out error per operation",
                            "Median absolute relative error of the model on sizes held out of the fit (bars) and "
-                           "its 90th percentile (ticks), against the fit's target (dotted)."),
+                           "its 90th percentile (ticks), against the fit's target (dotted); after-compute models "
+                           "beside the main ones."),
                segments_table(cal)]
     if data["p2p"]:
         blocks.append(p2p_table(data))

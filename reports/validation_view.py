@@ -379,13 +379,17 @@ def step_ratio_figure(ratios: tuple[StepRatio, ...]):
 
 def layers_table(frame: pd.DataFrame) -> Table:
     """Per layer: the measured best strategy, the predicted best, the measured cost of trusting the prediction, and
-    (where the table records it) how many near-best contenders validate timed again."""
+    (where the table records it) how many near-best contenders validate timed again. Strategies tied for the
+    predicted best count as analysis.ranking counts them: the slowest measured of them is the pick, and the
+    table says how many others tied."""
     refined = "refined" in frame.columns
     rows = []
     for layer, part in frame.groupby("layer", sort=False):
         best = part.loc[part["measured_s"].idxmin()]
-        pick = part.loc[part["predicted_s"].idxmin()]
-        rows.append((layer, str(len(part)), best["strategy"], f"{best['measured_s'] * MS:.4g}", pick["strategy"],
+        tied = part[part["predicted_s"] == part["predicted_s"].min()]
+        pick = tied.loc[tied["measured_s"].idxmax()]
+        name = pick["strategy"] + (f" (tied with {len(tied) - 1} more)" if len(tied) > 1 else "")
+        rows.append((layer, str(len(part)), best["strategy"], f"{best['measured_s'] * MS:.4g}", name,
                      f"{pick['measured_s'] * MS:.4g}", f"{100 * (pick['measured_s'] / best['measured_s'] - 1):.1f}%",
                      *((str(int(part["refined"].sum())),) if refined else ())))
     return Table("Per layer", ("layer", "strategies", "measured best", "its time (ms)", "predicted best",

@@ -166,6 +166,13 @@ def _expect_usage_error(capsys, args, fragment):
     assert fragment in err and err.count("\n") == 1
 
 
+def test_unknown_options_and_bad_choices_are_one_line_with_the_prefix_once(tmp_path, capsys):
+    code, _, err = _cli(capsys, ["table", str(tmp_path / "c.json"), "--bogus"])
+    assert code == 2 and err == "commcal: error: unrecognized arguments: --bogus\n"
+    code, _, err = _cli(capsys, ["fit", str(tmp_path), "--out", "c.json", "--method", "ols"])
+    assert code == 2 and err.startswith("commcal: error: commcal fit: argument --method: invalid choice: 'ols'")
+
+
 def test_fit_rejects_a_run_without_samples(tmp_path, capsys):
     run = write_synthetic_run(tmp_path / "r", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]},
                               write_points=False)

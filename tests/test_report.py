@@ -13,6 +13,7 @@ import pytest
 
 from microbench.cli import main
 from microbench.errors import UsageError
+from analysis import ranking
 from calib.calibration import load_calibration
 from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
 from reports import calibration_view, report_cmd, validation_view
@@ -144,15 +145,21 @@ def test_calibration_figures_show_every_model(inputs):
     assert np.allclose(sorted(h for h in heights if np.isfinite(h)), [2, 4, 4])   # medians in %, from the file
 
 
-def test_alpha_beta_table_lists_the_after_compute_models_after_the_main_ones():
+def test_calibration_table_and_figures_show_the_after_compute_models_after_the_main_ones():
     data = synthetic_calibration({("allreduce", "intra"): (4e-6, 1e-10), ("allreduce", "inter"): (2e-5, 1e-9)},
                                  after_compute={("allreduce", "intra"): (8e-5, 2e-10)})
     rows = calibration_view.alpha_beta_table(data).rows
     assert [r[:3] for r in rows] == [("allreduce", "intra", "back to back"), ("allreduce", "inter", "back to back"),
                                      ("allreduce", "intra", "after a 384² GEMM")]
     assert [r[4] for r in rows] == ["4", "20", "80"] and rows[2][6] == "5"   # alpha in µs; 1/beta in GB/s
+    heat = calibration_view.alpha_beta_heatmap(data).axes[0]
+    assert [t.get_text() for t in heat.get_xticklabels()] == ["intra", "inter", "intra\nafter\ncompute"]
+    assert [t.get_text() for t in heat.texts] == ["4", "20", "80"]
+    (held,) = calibration_view.heldout_figure(data).axes
+    assert "intra after compute: median" in _legend_of(held)
     del data["after_compute"]
     assert len(calibration_view.alpha_beta_table(data).rows) == 2
+    assert len(calibration_view.alpha_beta_heatmap(data).axes[0].get_xticklabels()) == 2
 
 
 def test_layers_table_names_both_bests_the_regret_and_the_refined_contenders():
@@ -162,6 +169,14 @@ def test_layers_table_names_both_bests_the_regret_and_the_refined_contenders():
     rows = validation_view.layers_table(frame).rows
     assert rows == (("a", "3", "y", "2", "x", "2.2", "10.0%", "2"), ("b", "1", "w", "1", "w", "1", "0.0%", "0"))
     assert len(validation_view.layers_table(frame.drop(columns="refined")).rows[0]) == 7
+
+
+def test_layers_table_picks_the_slowest_of_tied_predicted_bests_as_the_regret_metric_does():
+    frame = pd.DataFrame({"layer": ["a", "a", "a"], "strategy": ["x", "y", "z"],
+                          "predicted_s": [1e-3, 1e-3, 3e-3], "measured_s": [2e-3, 2.5e-3, 4e-3]})
+    (row,) = validation_view.layers_table(frame).rows
+    assert row == ("a", "3", "x", "2", "y (tied with 1 more)", "2.5", "25.0%")
+    assert ranking.layer_metrics(frame["predicted_s"], frame["measured_s"])["regret"] == pytest.approx(0.25)
 
 
 def test_validation_figures_pair_bars_sorted_by_measured_time(inputs):
