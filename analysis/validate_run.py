@@ -19,7 +19,7 @@ from analysis.pricing import Pricer, after_compute
 from analysis.search_cmd import nics_per_node
 from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose, contenders
-from microbench import provenance
+from microbench import memcopy, provenance
 from microbench.errors import UsageError
 from microbench.sweep_cmd import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
@@ -47,6 +47,9 @@ def main(args, cfg, layers, cal) -> int:
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}; host allocator {allocator}", flush=True)
+    slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
+    if slowdown is not None and memcopy.advice(slowdown):
+        say(f"warning: {memcopy.advice(slowdown)}", flush=True)
     rows, steps = [], []
     counters = provenance.cpu_counters()
     try:
@@ -79,7 +82,8 @@ def main(args, cfg, layers, cal) -> int:
         coll.free()
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
-        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal, allocator)
+        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
+               {"allocator": allocator, "memcpy_alias_slowdown": round(slowdown, 2)})
     return 0
 
 
@@ -130,7 +134,8 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     return out
 
 
-def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict, allocator: str) -> None:
+def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict, host: dict) -> None:
+    """The tables, summary.json and run.json (rank 0); `host`: allocator and memcpy_alias_slowdown for the summary."""
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
     comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
@@ -149,7 +154,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "world_size": len(hosts), "hosts": len(set(hosts)), "dtype": args.dtype, "date": provenance.now(),
         "strategies_run": len(frame), "layers_run": int(frame["layer"].nunique()),
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
-        "allocator": allocator,
+        **host,
         "refine": {"rounds": cfg.refine_rounds, "margin": cfg.refine_margin, "strategies": int(frame["refined"].sum())},
         "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
@@ -158,7 +163,10 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "time on that link class; step_ratios: measured / predicted time of each collective's steps",
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
-                  "on a step's new arrays); system: the C library's default"]})
+                  "on a step's new arrays); system: the C library's default",
+                  "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
+                  "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
+                  "on where buffers lie"]})
     atomic_write_json(f"{out}/run.json", {
         "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),

@@ -12,7 +12,9 @@ from datetime import datetime, timezone
 import numpy as np
 
 ENV_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "UCX_", "NCCL_", "SLURM_", "MPICH_", "I_MPI_", "CUDA_", "OPENBLAS_",
-                "OMP_", "MKL_")
+                "OMP_", "MKL_", "GLIBC_")
+"""Environment recorded with every run: MPI, fabric, GPU and BLAS settings, and glibc tunables (memcpy's
+strategy moves every host-side copy a collective makes)."""
 
 
 def now() -> str:

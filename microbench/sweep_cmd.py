@@ -150,7 +150,7 @@ def set_page_policy(policy: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from microbench import provenance, sweep
+    from microbench import memcopy, provenance, sweep
     from microbench.store import RunStore
 
     world = MPI.COMM_WORLD
@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     timer, timing_note = backend.make_timer(world, args.timing)
     gpus = backend.devices(world)                  # collective: every rank reports its device
     if world.rank == 0:
+        slowdown = memcopy.alias_slowdown()
         meta = provenance.run_metadata(
             earlier, hosts, mpi_library=MPI.Get_library_version().strip(),
             mpi_standard=".".join(map(str, MPI.Get_version())), backend=cfg.backend,
@@ -195,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
                          min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries,
                          rounds=cfg.rounds,
                          concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
+        meta["memcpy_alias_slowdown"] = round(slowdown, 2)
         run_id = meta["run_id"]
         store.write_run(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
@@ -204,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
               f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else "")
               + (f", a {cfg.after_gemm}x{cfg.after_gemm} GEMM before each call" if cfg.after_gemm else ""),
               flush=True)
+        if memcopy.advice(slowdown):
+            print(f"warning: {memcopy.advice(slowdown)}", flush=True)
     else:
         run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, VENV_BIN, run_cli
+from microbench import memcopy
 
 pytestmark = pytest.mark.cluster
 
@@ -298,6 +299,9 @@ def test_plain_mpirun_sweep_across_the_nodes(cluster):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = json.loads((out / "run.json").read_text())
     assert sorted(run["hosts"]) == list(NODES), run["hosts"]
+    # the cluster's memcpy tunable reaches the ranks, and there copies no longer depend on buffer placement
+    assert run["environment"]["GLIBC_TUNABLES"] == memcopy.TUNABLE
+    assert run["memcpy_alias_slowdown"] < memcopy.WARN_SLOWDOWN
     summary = (out / "summary.csv").read_text().splitlines()
     assert len(summary) == 1 + 4, summary
     # and the smoke program: two ranks on two nodes, exact data, bandwidth near the tbf rate

@@ -60,7 +60,7 @@ def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
     meta = read_run_json(out)
     assert meta["world_size"] == ranks and meta["timing_path"] in ("c", "python")
     assert meta["end_time"] and meta["mpi_library_version"] and meta["versions"]["mpi4py"]
-    assert meta["page_policy"] == "nohugepage"
+    assert meta["page_policy"] == "nohugepage" and meta["memcpy_alias_slowdown"] > 0
     assert meta["options"]["cache"] == "cold"
     assert "OMPI_ALLOW_RUN_AS_ROOT" in meta["environment"]
     assert set(meta["cpu_steal"]) == set(meta["hosts"]) and all(0 <= f <= 1 for f in meta["cpu_steal"].values())

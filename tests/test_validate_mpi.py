@@ -70,7 +70,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     assert len(val.strategies) == 8 and {"predicted_comm_s", "measured_comm_s"} <= set(val.strategies.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
-    assert summary["allocator"] == "cache"
+    assert summary["allocator"] == "cache" and summary["memcpy_alias_slowdown"] > 0
     s = val.strategies
     near = (s["predicted_s"] <= s["predicted_s"].min() * 1.1) | ((s["comm_steps"] > 0) & (
         s["predicted_comm_s"] <= s.loc[s["comm_steps"] > 0, "predicted_comm_s"].min() * 1.1))
