@@ -3,7 +3,7 @@
 Every host-side copy of a collective (shared-memory transport, a rank's own block) and every layout copy goes
 through the C library's memcpy. Where it uses REP MOVSB (glibc 2.36 on the AMD EPYC we run on, for copies of
 2 KiB to about 1 MiB), a destination that starts a few bytes past its source modulo 4 KiB makes the copy many
-times slower (4K aliasing: measured 2.8 GB/s against 35 GB/s at 128 KiB). numpy places arrays allocated one
+times slower (4K aliasing: 1.9-2.9 GB/s against 18-35 GB/s at 128 KiB here). numpy places arrays allocated one
 after another 16 bytes apart modulo 4 KiB, so a program's collectives pay it by chance of buffer placement,
 not by size: timings then depend on where the allocator put things. glibc's x86_rep_movsb_threshold tunable
 (TUNABLE) moves such copies to vector loops. sweep and validate record the slowdown and warn where it is large.
@@ -26,26 +26,34 @@ WARN_SLOWDOWN = 2.0
 TUNABLE = "glibc.cpu.x86_rep_movsb_threshold=4294967295"
 
 
-def copy_seconds(nbytes: int, distance: int, repeats: int = 41) -> float:
-    """Median seconds of one memcpy (numpy copyto) of `nbytes` whose destination starts `distance` bytes past
-    the source modulo 4 KiB (negative: before it); both in one freshly written buffer."""
+def _pair(nbytes: int, distance: int) -> tuple[np.ndarray, np.ndarray]:
+    """(source, destination) of `nbytes` in one freshly written buffer, the destination starting `distance` bytes
+    past the source modulo 4 KiB (negative: before it), the source on a page boundary."""
     gap = 8 * PAGE + distance % PAGE
     mem = np.ones(2 * nbytes + gap + 2 * PAGE, dtype=np.uint8)
     start = -mem.ctypes.data % PAGE
-    src = mem[start:start + nbytes]
-    dst = mem[start + nbytes + gap:start + 2 * nbytes + gap]
-    np.copyto(dst, src)
-    times = np.empty(repeats)
-    for i in range(repeats):
-        t0 = time.perf_counter()
+    return mem[start:start + nbytes], mem[start + nbytes + gap:start + 2 * nbytes + gap]
+
+
+def copy_seconds(nbytes: int, distances, repeats: int = 41) -> list[float]:
+    """Median seconds of one memcpy (numpy copyto) of `nbytes` at each destination offset, the offsets timed in
+    turn within every repeat, so that a noisy host disturbs them alike."""
+    pairs = [_pair(nbytes, d) for d in distances]
+    times = np.empty((repeats, len(pairs)))
+    for src, dst in pairs:
         np.copyto(dst, src)
-        times[i] = time.perf_counter() - t0
-    return float(np.median(times))
+    for i in range(repeats):
+        for j, (src, dst) in enumerate(pairs):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            times[i, j] = time.perf_counter() - t0
+    return [float(t) for t in np.median(times, axis=0)]
 
 
 def alias_slowdown(nbytes: int = PROBE_BYTES) -> float:
     """How many times longer a copy takes with the destination 16 B past the source (mod 4 KiB) than 2 KiB past."""
-    return copy_seconds(nbytes, ALIASED) / copy_seconds(nbytes, APART)
+    aliased, apart = copy_seconds(nbytes, (ALIASED, APART))
+    return aliased / apart
 
 
 def advice(slowdown: float) -> str | None:
@@ -64,7 +72,7 @@ def main() -> int:
     print(f"{'size':>8}  " + "  ".join(f"{f'{d:+d} B':>8}" for d in distances) + "   GB/s by destination offset "
           "past the source (mod 4 KiB)")
     for nbytes in (4 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20):
-        rates = [nbytes / copy_seconds(nbytes, d) / 1e9 for d in distances]
+        rates = [nbytes / copy_seconds(nbytes, (d, APART))[0] / 1e9 for d in distances]   # each beside the reference
         print(f"{nbytes >> 10:>6}Ki  " + "  ".join(f"{r:8.1f}" for r in rates))
     slowdown = alias_slowdown()
     print(f"slowdown at {PROBE_BYTES >> 10} KiB, {ALIASED} B against {APART} B: {slowdown:.2f}x")

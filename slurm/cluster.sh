@@ -82,7 +82,7 @@ mpi_defaults() {
   # or 2x the wire time, the mode changing between launches; eager, 1.01-1.10x in every launch.
   export OMPI_MCA_btl_tcp_eager_limit=${OMPI_MCA_btl_tcp_eager_limit:-67108864}
   # Vector memcpy, not REP MOVSB: on this host's AMD EPYC with glibc 2.36, a 4-128 KiB copy whose destination
-  # starts 16 B past its source modulo 4 KiB (as numpy's back-to-back arrays do) ran 13x slower
+  # starts 16 B past its source modulo 4 KiB (as numpy's back-to-back arrays do) ran 4-13x slower
   # (`python -m microbench.memcopy`), so intra-node collectives timed by where buffers happened to lie.
   export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.cpu.x86_rep_movsb_threshold=4294967295}
   export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
