@@ -48,8 +48,8 @@ def main(args, cfg, layers, cal) -> int:
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}; host allocator {allocator}", flush=True)
     slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
-    if slowdown is not None and memcopy.advice(slowdown):
-        say(f"warning: {memcopy.advice(slowdown)}", flush=True)
+    if slowdown is not None and (warning := memcopy.advice(slowdown)):
+        say(f"warning: {warning}", flush=True)
     rows, steps = [], []
     counters = provenance.cpu_counters()
     try:

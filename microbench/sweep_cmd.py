@@ -206,8 +206,8 @@ def run(args: argparse.Namespace) -> int:
               f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else "")
               + (f", a {cfg.after_gemm}x{cfg.after_gemm} GEMM before each call" if cfg.after_gemm else ""),
               flush=True)
-        if memcopy.advice(slowdown):
-            print(f"warning: {memcopy.advice(slowdown)}", flush=True)
+        if warning := memcopy.advice(slowdown):
+            print(f"warning: {warning}", flush=True)
     else:
         run_id, done = None, {}
     run_id, done = world.bcast((run_id, done), root=0)
