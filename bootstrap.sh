@@ -43,6 +43,8 @@ mpi_env() {
   # Open MPI refuses root without these; we run as root in CI and on the test cluster.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_mpi_yield_when_idle=1 PRTE_MCA_hwloc_default_binding_policy=none
+  # memcpy off REP MOVSB, whose speed on some x86 hosts depends on buffer placement (python -m microbench.memcopy)
+  export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.cpu.x86_rep_movsb_threshold=4294967295}
 }
 
 case "$action" in
