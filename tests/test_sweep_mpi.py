@@ -256,22 +256,28 @@ def test_points_are_visited_in_rounds_and_those_missing_the_target_again_pooling
     out = tmp_path / "run"
     proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8,64", "--point-budget", "0.05",
                        "--min-samples", "6", "--target-ci", "0.0001", "--rounds", "2", "--retries", "2"], check=True)
-    rows = re.findall(r"^\s*(\S+(?: \d)?)\s+pingpong\s+intra\s+2\s+(\S+)\s+\S+us\s+\S+?%\S*\s+(\d+)", proc.stdout,
+    rows = re.findall(r"^\s*(\S+(?: \d)?)\s+pingpong\s+intra\s+2\s+(\S+)\s+\S+us\s+\S+?%(\*?)\s+(\d+)", proc.stdout,
                       re.M)
     visits = {}
-    for where, size, n in rows:
-        visits.setdefault(size, []).append((where, int(n)))
-    # passes over the whole plan first, then the retries of points that missed the target
-    assert {s: [w for w, _ in v] for s, v in visits.items()} == \
-        {"8": ["1/4", "3/4", "retry 1", "retry 2"], "64": ["2/4", "4/4", "retry 1", "retry 2"]}, proc.stdout
+    for where, size, missed, n in rows:
+        visits.setdefault(size, []).append((where, missed == "*", int(n)))
+    # passes over the whole plan first; then a point is visited again (at most twice) only while its pooled
+    # samples miss the 0.01% target, which most runs here never reach (a quiet host may, after a retry)
+    assert [(w, s) for w, s, _, _ in rows[:4]] == [("1/4", "8"), ("2/4", "64"), ("3/4", "8"), ("4/4", "64")]
+    assert any(len(v) > 2 for v in visits.values()), proc.stdout
     for v in visits.values():
-        assert [n for _, n in v] == sorted(n for _, n in v) and v[0][1] < v[-1][1], "every visit adds samples"
+        assert [w for w, _, _ in v[2:]] == ["retry 1", "retry 2"][:len(v) - 2], proc.stdout
+        assert all(len(v) > i + 1 or not missed or i == 3 for i, (_, missed, _) in enumerate(v) if i >= 1)
+        assert all(missed for _, missed, _ in v[1:-1]), proc.stdout
+        assert [n for _, _, n in v] == sorted(n for _, _, n in v) and v[0][2] < v[-1][2], "every visit adds samples"
     summary = load_summary(out).set_index("point_id")
     samples = load_samples(out)
-    assert len(summary) == 2 and not summary.target_met.any() and (summary.rounds == 4).all()
+    assert len(summary) == 2
     for pid, mine in samples.groupby("point_id"):
         row = summary.loc[pid]
-        assert sorted(mine["round"].unique()) == [0, 1, 2, 3] and len(mine) == row.samples
+        seen = visits[str(int(row.size_bytes))]
+        assert row.rounds == len(seen) and bool(row.target_met) == (not seen[-1][1])
+        assert sorted(mine["round"].unique()) == list(range(len(seen))) and len(mine) == row.samples
         by_round = [v.to_numpy() for _, v in mine.groupby("round").time_s]
         assert row.median_s == pytest.approx(pooled_estimate(by_round).median)   # every visit weighs the same
         medians = mine.groupby("round").time_s.median()
