@@ -103,6 +103,12 @@ def model_sets(data: dict) -> list[tuple[str, dict]]:
     return [("models", data["models"])] + ([("after_compute.models", after["models"])] if after else [])
 
 
+def set_suffix(key: str) -> str:
+    """What names a model of model_sets' set `key` apart after its "op/link" or link: nothing for the main
+    models, " after compute" for the others (reports and diff label them so)."""
+    return "" if key == "models" else " after compute"
+
+
 @dataclass(frozen=True)
 class Prediction:
     """A predicted time with its 95% prediction interval, and whether it left the measured range."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from calib.calibration import model_sets
+from calib.calibration import model_sets, set_suffix
 from calib.tables import alpha_beta_frame
 from microbench.sizes import format_size
 from reports.document import Note, Section, Table, Text
@@ -107,7 +107,7 @@ def warnings(data: dict) -> list[str]:
 def grid(data: dict, value) -> tuple[list[str], list[str], np.ndarray]:
     """(ops, columns, values[op, column]) with NaN where the calibration has no model: a column per link class,
     then one per link class of the after-compute models ("intra after compute") where the file has them."""
-    cells = [(op, link + ("" if key == "models" else " after compute"), m)
+    cells = [(op, link + set_suffix(key), m)
              for key, by_op in model_sets(data) for op, by_link in by_op.items() for link, m in by_link.items()]
     ops = list(dict.fromkeys(op for op, _, _ in cells))
     columns = list(dict.fromkeys(col for _, col, _ in cells))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calib.calibration import model_sets
+from calib.calibration import model_sets, set_suffix
 from reports.document import Table
 from reports.plotting import COLORS, GB, US, new_figure
 
@@ -56,7 +56,7 @@ def _model_params(m: dict) -> dict[str, tuple]:
 
 def _by_suffix(data: dict) -> dict[str, dict]:
     """{subject suffix: {op: {link: model}}}: the main models, and the after-compute ones where the file has them."""
-    return {"" if key == "models" else " after compute": models for key, models in model_sets(data)}
+    return {set_suffix(key): models for key, models in model_sets(data)}
 
 
 def changes(a: dict, b: dict) -> list[Change]:
