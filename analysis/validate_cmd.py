@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache (default): freed host memory stays mapped for reuse, as in a framework's caching "
                         "allocator, so steps do not pay page faults on their new arrays (which the sweep's buffers "
                         "never do); system: the C library's default, which gives large blocks back")
+    p.add_argument("--page-policy", choices=("calibration", "hugepage", "nohugepage"), default="calibration",
+                   help="huge pages for the harness's numpy arrays (default: the advice the calibration's sweeps "
+                        "gave their buffers, so steps and calibration run on the same kind of pages; numpy's "
+                        "default where the calibration does not say)")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"(default {DEFAULTS['max_strategies']}; quick {QUICK['max_strategies']})")

@@ -21,13 +21,15 @@ from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose, contenders
 from microbench import memcopy, provenance
 from microbench.errors import UsageError
-from microbench.sweep_cmd import backend_for
+from microbench.sweep_cmd import backend_for, set_page_policy
 from microbench.atomic import atomic_write, atomic_write_json
 from microbench.buffers import keep_freed_memory
 
 
 def main(args, cfg, layers, cal) -> int:
     allocator = args.allocator if args.allocator == "system" or keep_freed_memory() else "system (no mallopt)"
+    pages = args.page_policy if args.page_policy != "calibration" else cal.page_policy
+    pages = set_page_policy(pages) if pages else set_page_policy("numpy-default") + ", the calibration does not say"
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
     pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
@@ -46,7 +48,7 @@ def main(args, cfg, layers, cal) -> int:
     runner = Runner(mesh, coord, coll, backend.xp)
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
-        f"calibration {args.calibration}; host allocator {allocator}", flush=True)
+        f"calibration {args.calibration}; host allocator {allocator}, pages {pages}", flush=True)
     slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
     if slowdown is not None and (warning := memcopy.advice(slowdown)):
         say(f"warning: {warning}", flush=True)
@@ -83,7 +85,7 @@ def main(args, cfg, layers, cal) -> int:
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
-               {"allocator": allocator, "memcpy_alias_slowdown": round(slowdown, 2)})
+               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2)})
     return 0
 
 
@@ -135,7 +137,8 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
 
 
 def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict, host: dict) -> None:
-    """The tables, summary.json and run.json (rank 0); `host`: allocator and memcpy_alias_slowdown for the summary."""
+    """The tables, summary.json and run.json (rank 0); `host`: allocator, page_policy and memcpy_alias_slowdown for
+    the summary."""
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
     comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
@@ -164,6 +167,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",
+                  "page_policy: huge-page advice of the harness's numpy arrays (validate --page-policy)",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

@@ -18,14 +18,15 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 7
-READS = (1, 2, 3, 4, 5, 6, 7)
+VERSION = 8
+READS = (1, 2, 3, 4, 5, 6, 7, 8)
 """Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time); 3 added
 the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost);
 4 added provenance.runs[].cache, whether the sweep's buffers were cold or warm (absent: warm); 5 added
 provenance.runs[].gap_ms, the sweep's idle gap before each call (absent: 0); 6 added provenance.runs[].after_gemm,
 the size of the GEMM every rank ran before each call (absent: 0, none); 7 added the optional after_compute, models of
-collectives that follow a local computation (absent: the main models price those too)."""
+collectives that follow a local computation (absent: the main models price those too); 8 added
+provenance.runs[].page_policy, the huge-page advice of the sweep's buffers (absent: unknown)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -178,6 +179,12 @@ class Calibration:
     def after_gemm(self) -> int:
         """N of the GEMM before each call of the sweeps behind the after-compute models (0: none)."""
         return int(self.data.get("after_compute", {}).get("after_gemm", 0))
+
+    @property
+    def page_policy(self) -> str | None:
+        """The huge-page advice ('hugepage' or 'nohugepage') the sweeps' host buffers had; None when unknown
+        (calibrations before version 8)."""
+        return next((r["page_policy"] for r in self.data["provenance"]["runs"] if "page_policy" in r), None)
 
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""

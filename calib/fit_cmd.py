@@ -8,7 +8,7 @@ import sys
 
 from calib.calibration import calibration_from_dict
 from calib.fit import FitOptions, fit_calibration
-from calib.points import load_runs
+from calib.points import check_pages, load_runs
 from microbench.atomic import atomic_write_json
 from microbench.errors import UsageError
 
@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--folds must be >= 2 and --max-segments >= 1")
     runs = load_runs(args.runs, args.backend)
     after = load_runs(args.after_compute, args.backend) if args.after_compute else None
+    if after is not None:
+        check_pages(runs.runs + after.runs)
     cal = fit_calibration(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments),
                           after)
     calibration_from_dict(cal, args.out)

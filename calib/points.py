@@ -46,7 +46,8 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "machine": text("machine", "hostname"), "hosts": [str(h) for h in hosts],
             "mpi_library": text("mpi_library_version", "mpi_library"),
             "versions": {str(k): str(v) for k, v in versions.items()},
-            **records.conditions(meta.get("options", {}))}
+            **records.conditions(meta.get("options", {})),
+            **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {})}
 
 
 STEAL_WARN = 0.05
@@ -126,6 +127,13 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir)
 
 
+def check_pages(runs) -> None:
+    """UsageError when the runs' host buffers had different huge-page advice (their timings differ by it)."""
+    pages = sorted({r["page_policy"] for r in runs if "page_policy" in r})
+    if len(pages) > 1:
+        raise UsageError(f"runs mix {' and '.join(pages)} host buffers (sweep --page-policy); fit them separately")
+
+
 def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
     """All points of the given runs; UsageError on a bad directory or a mix of backends without --backend."""
     frames, runs, notes = [], [], []
@@ -143,6 +151,7 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
     if len(gemms) > 1:
         raise UsageError(f"runs mix GEMMs of N = {' and '.join(map(str, gemms))} before each call "
                          f"(sweep --after-gemm; 0: none); fit them separately")
+    check_pages(runs)
     points = pd.concat(frames, ignore_index=True)
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:

@@ -121,6 +121,15 @@ def conditions(options: dict) -> dict:
             "after_gemm": int(options.get("after_gemm", 0))}
 
 
+def page_advice(policy: str | None) -> str | None:
+    """'hugepage' or 'nohugepage', the advice a run.json's page_policy (sweep_cmd.set_page_policy's answer) put
+    in force on numpy's buffers; None when it does not say."""
+    for advice in ("nohugepage", "hugepage"):
+        if policy in (advice, f"numpy-default ({advice})"):
+            return advice
+    return None
+
+
 def read_run_json(run_dir: str | Path) -> dict:
     path = Path(run_dir) / "run.json"
     if not path.is_file():

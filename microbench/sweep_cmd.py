@@ -121,15 +121,18 @@ def check_world(world_size: int, expect: int | None) -> None:
                          f"talking to Slurm's PMI (with Open MPI use srun --mpi=pmix, or mpirun in the allocation)")
 
 
-def check_resume(earlier: dict | None, conditions: dict) -> None:
-    """A resumed run keeps the conditions its calls were timed in (records.conditions): its points would not
-    pool with calls timed otherwise."""
+def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
+    """A resumed run keeps the conditions its calls were timed in (records.conditions) and its buffers' huge-page
+    advice (`pages`: set_page_policy's answer now): its points would not pool with calls timed otherwise."""
     had = records.conditions(earlier.get("options", {})) if earlier else conditions
+    now = conditions | {"page_policy": records.page_advice(pages)}
+    if earlier and (advice := records.page_advice(earlier.get("page_policy"))):
+        had = had | {"page_policy": advice}
     for name, value in had.items():
-        if value != conditions[name]:
+        if value != now[name]:
             show = lambda v: f"{v:g}" if isinstance(v, float) else v  # noqa: E731
             raise UsageError(f"--resume: the run was measured with --{name.replace('_', '-')} {show(value)}, not "
-                             f"{show(conditions[name])}; its points would not pool with these")
+                             f"{show(now[name])}; its points would not pool with these")
 
 
 def set_page_policy(policy: str) -> str:
@@ -169,19 +172,19 @@ def run(args: argparse.Namespace) -> int:
     sweep.check_memory(points, per_rank, cfg.cache)
 
     conditions = records.conditions(vars(cfg))
+    page_policy = set_page_policy(args.page_policy)
     store = RunStore(args.out)
     error = None
     if world.rank == 0:
         try:
             earlier = store.prepare(args.resume)
             done = store.visits_done()
-            check_resume(earlier, conditions)
+            check_resume(earlier, conditions, page_policy)
         except UsageError as exc:
             error, earlier, done = str(exc), None, {}
     error = world.bcast(error, root=0)
     if error:
         raise UsageError(error)
-    page_policy = set_page_policy(args.page_policy)
     timer, timing_note = backend.make_timer(world, args.timing)
     gpus = backend.devices(world)                  # collective: every rank reports its device
     if world.rank == 0:

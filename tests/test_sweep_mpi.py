@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, commcal_argv, mpi_env, mpiexec_argv, run_cli, run_mpi
+from calib.calibration import load_calibration
 from microbench.ops import OPS
 from microbench.stats import pooled_estimate
 from microbench.records import SAMPLE_COLUMNS, SUMMARY_COLUMNS, load_samples, load_summary, read_run_json
@@ -160,6 +161,44 @@ LOCAL_ROTATION = textwrap.dedent("""
 """)
 
 
+LOCKSTEP = textwrap.dedent("""
+    import time
+    import numpy as np
+    from mpi4py import MPI
+    from microbench import driver
+    from microbench.stats import StopRule
+
+    world = MPI.COMM_WORLD
+    spans = []
+
+    def run(i):
+        t0 = time.monotonic()
+        if world.rank == 0:
+            time.sleep(0.004)
+        spans.append((t0, time.monotonic()))
+
+    m = driver._measure_local(run, lambda: None, StopRule(target_ci=0.0, min_samples=20, budget_s=0.0), world, 0)
+    every = world.gather(np.array(spans), root=0)
+    if world.rank == 0:
+        late = sum(int(other[i + 1, 0] < every[0][i, 1]) for other in every[1:] for i in range(len(other) - 1))
+        print("iterations", len(spans), "samples", m.samples.size, "early starts", late,
+              "median ms", round(float(np.median(m.samples)) * 1e3, 2))
+""")
+
+
+def test_concurrent_local_iterations_start_together(tmp_path):
+    """With every rank measuring a local operation at once, no rank starts its next iteration before the others
+    have finished theirs (rank 0 takes 4 ms, the others nothing), so each sample times one shared moment."""
+    script = tmp_path / "lockstep.py"
+    script.write_text(LOCKSTEP)
+    proc = subprocess.run([*mpiexec_argv(3), sys.executable, str(script)], env=mpi_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    words = proc.stdout.split()
+    assert int(words[words.index("iterations") + 1]) >= 20 and words[words.index("early") + 2] == "0", proc.stdout
+    assert float(words[words.index("median") + 2]) >= 4.0, proc.stdout
+
+
 def test_gemm_and_copy_rotate_through_every_cold_slot(tmp_path):
     """Cold local operations, like cold collectives, take each iteration's operands from the next slot."""
     script = tmp_path / "local_rotation.py"
@@ -174,16 +213,19 @@ def test_gemm_and_copy_rotate_through_every_cold_slot(tmp_path):
 
 
 def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
-    """Cold and warm buffers, or calls with and without an idle gap or a GEMM before them, neither resume nor fit
-    together."""
-    runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"], "gemm": ["--after-gemm", "32"]}
+    """Cold and warm buffers, buffers with and without huge pages, or calls with and without an idle gap or a GEMM
+    before them, neither resume nor fit together."""
+    runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"], "gemm": ["--after-gemm", "32"],
+            "huge": ["--page-policy", "hugepage"]}
     for name, extra in runs.items():
         run_mpi(2, ["sweep", "--out", str(tmp_path / name), "--ops", "pingpong", "--sizes", "8,64", *extra, *FAST],
                 check=True)
     options = {name: read_run_json(tmp_path / name)["options"] for name in runs}
     assert [(o["cache"], o["gap_ms"], o["after_gemm"]) for o in options.values()] == [
-        ("cold", 0, 0), ("warm", 0, 0), ("cold", 2, 0), ("cold", 0, 32)]
+        ("cold", 0, 0), ("warm", 0, 0), ("cold", 2, 0), ("cold", 0, 32), ("cold", 0, 0)]
     for name, extra, says in (("cold", ["--cache", "warm"], "measured with --cache cold, not warm"),
+                              ("cold", ["--page-policy", "hugepage"], "measured with --page-policy nohugepage, not "
+                                                                      "hugepage"),
                               ("gap", [], "measured with --gap-ms 2, not 0"),
                               ("gemm", ["--after-gemm", "64"], "measured with --after-gemm 32, not 64")):
         resumed = run_mpi(2, ["sweep", "--out", str(tmp_path / name), "--ops", "pingpong", "--sizes", "8,64",
@@ -191,14 +233,19 @@ def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
         assert resumed.returncode == 2 and says in resumed.stderr, resumed.stderr
     cal = tmp_path / "cal.json"
     for pair, says in ((("cold", "warm"), "mix cold and warm buffers"), (("cold", "gap"), "mix gaps of 0 and 2 ms"),
-                       (("cold", "gemm"), "mix GEMMs of N = 0 and 32")):
+                       (("cold", "gemm"), "mix GEMMs of N = 0 and 32"),
+                       (("huge", "cold"), "mix hugepage and nohugepage host buffers")):
         mixed = run_cli(["fit", *(str(tmp_path / n) for n in pair), "--out", str(cal)])
         assert mixed.returncode == 2 and says in mixed.stderr, mixed.stderr
         assert not cal.exists()
-    for name, want in (("gap", ("cold", 2, 0)), ("gemm", ("cold", 0, 32))):
+    mixed = run_cli(["fit", str(tmp_path / "huge"), "--after-compute", str(tmp_path / "gemm"), "--out", str(cal)])
+    assert mixed.returncode == 2 and "mix hugepage and nohugepage" in mixed.stderr, mixed.stderr
+    for name, want in (("gap", ("cold", 2, 0, "nohugepage")), ("gemm", ("cold", 0, 32, "nohugepage")),
+                       ("huge", ("cold", 0, 0, "hugepage"))):
         run_cli(["fit", str(tmp_path / name), "--out", str(cal)], check=True)
         runs = json.loads(cal.read_text())["provenance"]["runs"]
-        assert [(r["cache"], r["gap_ms"], r["after_gemm"]) for r in runs] == [want]
+        assert [(r["cache"], r["gap_ms"], r["after_gemm"], r["page_policy"]) for r in runs] == [want]
+        assert load_calibration(cal).page_policy == want[3]
 
 
 def _visits(out) -> dict[str, tuple[int, int, int]]:

@@ -24,12 +24,17 @@ FAST = ["--budget", "0.005", "--min-samples", "2", "--target-ci", "0.5", "--boot
         "--max-strategies", "1000"]
 
 
-def calibration(path, links=("intra",), after_compute: bool = False):
-    """A synthetic calibration; after_compute adds models 1 ms slower per call for collectives after compute."""
+def calibration(path, links=("intra",), after_compute: bool = False, pages: str | None = None):
+    """A synthetic calibration; after_compute adds models 1 ms slower per call for collectives after compute;
+    pages: the huge-page advice its (one, made-up) sweep recorded."""
     models = {(op, link): (5e-6, 1e-9) for op in OPS for link in links}
     after = {k: (1e-3, 1e-9) for k in models} if after_compute else None
-    path.write_text(json.dumps(synthetic_calibration(models, links={l: [2, 4] for l in links},
-                                                     gemm={"float32": 1e10, "float64": 5e9}, after_compute=after)))
+    data = synthetic_calibration(models, links={l: [2, 4] for l in links}, gemm={"float32": 1e10, "float64": 5e9},
+                                 after_compute=after)
+    if pages:
+        data["provenance"]["runs"].append({"run_id": "r", "dir": "r", "date": "d", "machine": "m", "hosts": ["m"],
+                                           "mpi_library": "x", "versions": {}, "page_policy": pages})
+    path.write_text(json.dumps(data))
     return str(path)
 
 
@@ -51,7 +56,7 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
     comm = frame[frame["comm_steps"] > 0]
     assert len(comm) and (comm["measured_comm_s"] > 0).all() and (comm["predicted_comm_s"] > 0).all()
     assert (frame.loc[frame["comm_steps"] == 0, "measured_comm_s"] == 0).all()
-    assert "numerics ok" in proc.stdout
+    assert "numerics ok" in proc.stdout and "the calibration does not say" in proc.stdout
     steps = pd.read_parquet(out / "steps.parquet")
     per = steps.groupby(["layer", "strategy"]).apply(lambda g: (g["op"] != "compute").sum() - (g["op"].isin(
         ["slice", "partial", "relabel"])).sum(), include_groups=False)
@@ -60,8 +65,10 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
 
 
 def test_directory_is_what_the_report_reads(tmp_path):
-    cal, out = calibration(tmp_path / "cal.json", after_compute=True), tmp_path / "val"
-    run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST], check=True)
+    cal, out = calibration(tmp_path / "cal.json", after_compute=True, pages="hugepage"), tmp_path / "val"
+    proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST],
+                   check=True)
+    assert "pages hugepage" in proc.stdout          # the calibration's sweep advice, not numpy's default
     val = load_validation(out)
     names = {m.name for m in val.metrics}
     assert {"kendall_tau", "top1", "regret", "mean_accuracy", "pairwise_accuracy", "comm_kendall_tau"} <= names
@@ -71,6 +78,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
     assert summary["allocator"] == "cache" and summary["memcpy_alias_slowdown"] > 0
+    assert summary["page_policy"] == "hugepage"
     s = val.strategies
     near = (s["predicted_s"] <= s["predicted_s"].min() * 1.1) | ((s["comm_steps"] > 0) & (
         s["predicted_comm_s"] <= s.loc[s["comm_steps"] > 0, "predicted_comm_s"].min() * 1.1))
