@@ -25,7 +25,10 @@ class FitOptions:
     method: str = "wls"                # "wls" (weights 1/t^2) or "huber" (robust RLM, slower)
     folds: int = 5
     max_segments: int = 5
-    min_sizes: int = 4                 # distinct sizes per segment, at least
+    min_sizes: tuple[int, ...] = (4, 3)
+    """Fewest distinct sizes a segment may span: each is tried and held-out error chooses, per model (the first
+    wins ties and segments the Hockney rows). 3 lets a short regime between two others have its own line, such
+    as the 16-64 KiB stretch below a token bucket's burst on a rate-limited link."""
     target_median_abs_rel_err_ge_4KiB: float = 0.05
     target_median_abs_rel_err: float = 0.15
 
@@ -46,17 +49,17 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[d
         return None, [f"{tag}: too few points to fit ({pts.n_sizes} sizes, {len(pts.seconds)} points); no model"]
     algs = candidates(op)
     identifiable = len(algs) == 1 or distinguishable(algs, pts.procs)
-    scored = [(kfold_over_sizes(alg, pts, opts.method, opts.max_segments, opts.min_sizes, opts.folds),
-               fit_piecewise(alg, pts, opts.method, opts.max_segments, opts.min_sizes))
-              for alg in (algs if identifiable else algs[:1])]
-    held, fit = min(scored, key=lambda s: s[0].key())
+    scored = [(kfold_over_sizes(alg, pts, opts.method, opts.max_segments, least, opts.folds),
+               fit_piecewise(alg, pts, opts.method, opts.max_segments, least), least)
+              for alg in (algs if identifiable else algs[:1]) for least in opts.min_sizes]
+    held, fit, least = min(scored, key=lambda s: s[0].key())
     chosen = fit.algorithm
     procs = sorted({int(p) for p in pts.procs})
     warnings = []
     if not identifiable:
         warnings.append(f"{tag}: algorithm not identifiable from process counts {procs} (every candidate fits "
                         f"alike); assumed {chosen.name}: extrapolation to other process counts is a guess")
-    if pts.n_sizes < 2 * opts.min_sizes and opts.max_segments > 1:
+    if pts.n_sizes < 2 * min(opts.min_sizes) and opts.max_segments > 1:
         warnings.append(f"{tag}: only {pts.n_sizes} sizes; change points not searched")
     for seg in fit.segments:
         if seg.alpha_s < 0:
@@ -73,13 +76,16 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[d
             warnings.append(f"{tag}: held-out median error {held.median:.1%} over all sizes exceeds the "
                             f"{opts.target_median_abs_rel_err:.0%} target")
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
-    by_name = {f.algorithm.name: (h, f) for h, f in scored}
+    by_name: dict = {}
+    for h, f, _ in scored:                  # each algorithm at its best minimum segment size
+        if f.algorithm.name not in by_name or h.key() < by_name[f.algorithm.name][0].key():
+            by_name[f.algorithm.name] = (h, f)
     cand = [{"algorithm": alg.name, "heldout_median_abs_rel_err": h.median, "heldout_p90_abs_rel_err": h.p90,
              "n_segments": len(f.segments)}
             for alg in algs for h, f in [by_name.get(alg.name, (held, fit))]]
     first, last = fit.segments[0], fit.segments[-1]
     model = {"algorithm": chosen.name, "algorithm_description": chosen.description, "procs_measured": procs,
-             "identifiable": identifiable, "fit_method": opts.method,
+             "identifiable": identifiable, "fit_method": opts.method, "min_segment_sizes": least,
              "alpha_s": first.alpha_s, "alpha_ci95_s": list(first.ci95[0]),
              "beta_s_per_byte": last.beta_s_per_byte, "beta_ci95_s_per_byte": list(last.ci95[1]),
              "segments": [s.to_json() for s in fit.segments], "candidates": cand,
@@ -96,7 +102,7 @@ def hockney_rows(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tupl
         if pts.n_sizes < 3:
             warnings.append(f"{op}/{link}/p{procs}: too few sizes ({pts.n_sizes}) for a Hockney fit")
             continue
-        fit = fit_piecewise(line, pts, opts.method, opts.max_segments, opts.min_sizes)
+        fit = fit_piecewise(line, pts, opts.method, opts.max_segments, opts.min_sizes[0])
         for i, s in enumerate(fit.segments):
             rows.append({"op": op, "link": link, "procs": int(procs), "segment": i, "min_bytes": s.min_bytes,
                          "max_bytes": s.max_bytes, "alpha_s": s.alpha_s, "alpha_se_s": s.se[0],

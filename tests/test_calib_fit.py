@@ -69,6 +69,27 @@ def test_finds_a_planted_change_point(fitted):
     assert p2p["bandwidth_bytes_per_s"] == pytest.approx(1 / 0.9e-9, rel=0.03)
 
 
+def test_a_regime_of_three_sizes_gets_its_own_segment_where_held_out_error_says_so(tmp_path):
+    """A rate-limited link: flat latency to 8 KiB, a token bucket's burst to 64 KiB, the limit beyond. With at
+    least 4 sizes per segment the 16-64 KiB regime has no line of its own; the fit also tries 3, keeps it for its
+    lower held-out error, and records it."""
+    burst = TrueModel((Segment(16384, 80e-6, 1e-9), Segment(131072, 20e-6, 1e-8), Segment(math.inf, 0.0, 4e-8)),
+                      "ring")
+    sizes = tuple(2 ** k for k in range(10, 25))                     # 1 KiB .. 16 MiB, as bench_validate
+    run = write_synthetic_run(tmp_path / "run", {("allreduce", "inter"): burst}, {"inter": [2]}, sizes=sizes,
+                              samples=15, noise=0.02, seed=5)
+    runs = load_runs([str(run)])
+    cals = [fit_calibration(runs, opts) for opts in (FitOptions(), FitOptions(min_sizes=(4,)))]
+    m, four = (c["models"]["allreduce"]["inter"] for c in cals)
+    assert m["min_segment_sizes"] == 3 and four["min_segment_sizes"] == 4
+    assert [s["max_bytes"] for s in m["segments"]] == [8192, 65536, 2 ** 24]
+    assert m["heldout"]["median_abs_rel_err"] < four["heldout"]["median_abs_rel_err"]
+    regime = np.array([16384.0, 32768.0, 65536.0])
+    off = [np.abs(calibration_from_dict(c).predict_seconds("allreduce", "inter", 2, regime)
+                  / burst.seconds("allreduce", 2, regime) - 1).max() for c in cals]
+    assert off[0] < 0.02 and off[1] > 0.1, off
+
+
 def test_hockney_table_per_process_count_matches_the_model(fitted):
     rows = [r for r in fitted["hockney"] if r["op"] == "allreduce" and r["link"] == "inter"]
     assert sorted(r["procs"] for r in rows) == [2, 4, 8]
