@@ -26,7 +26,8 @@ the GEMM latency and groups per node and the optional local copy rate (absent: n
 provenance.runs[].gap_ms, the sweep's idle gap before each call (absent: 0); 6 added provenance.runs[].after_gemm,
 the size of the GEMM every rank ran before each call (absent: 0, none); 7 added the optional after_compute, models of
 collectives that follow a local computation (absent: the main models price those too); 8 added
-provenance.runs[].page_policy, the huge-page advice of the sweep's buffers (absent: unknown)."""
+provenance.runs[].page_policy, the huge-page advice of the sweep's buffers (absent: unknown), and
+models.*.*.min_segment_sizes, the fewest sizes a segment of the model may span (absent: 4)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
