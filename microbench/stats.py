@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
 
@@ -74,7 +75,10 @@ def _weighted_quantile(x: np.ndarray, cum: np.ndarray, q: float, between: bool =
 def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estimate:
     """The estimate of several visits' samples with every visit weighing the same (a visit in a disturbed
     window often runs longest and takes most samples; plain pooling would let it set the median). The CI
-    is the order-statistic one at Kish's effective sample size. One visit: exactly estimate()."""
+    is the order-statistic one at Kish's effective sample size, widened to the normal interval of the visits'
+    medians taken as one observation each: samples of one window are not independent of each other, and on a
+    shared machine the windows' medians differ by more than one window's CI admits. One visit: exactly
+    estimate()."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     if len(visits) <= 1:
         return estimate(visits[0] if visits else np.empty(0), confidence)
@@ -89,6 +93,10 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
     if ranks:
         lo, hi = (_weighted_quantile(x, cum, (r + 1) / n_eff) for r in ranks)
     median, p95 = _weighted_quantile(x, cum, 0.5, between=True), _weighted_quantile(x, cum, 0.95)
+    if ranks:
+        medians = [float(np.median(v)) for v in visits]
+        half = NormalDist().inv_cdf(0.5 + confidence / 2) * float(np.std(medians, ddof=1)) / math.sqrt(len(visits))
+        lo, hi = min(lo, median - half), max(hi, median + half)
     return Estimate(len(x), median, lo, hi, float(x[0]), p95,
                     float(np.mean([v.mean() for v in visits])))
 
