@@ -31,7 +31,8 @@ from microbench import provenance
 LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
           "embedding:vocab=8192,dim=256,tokens=1024,density=0.05")
 SWEEP = ["--ops", "allreduce,allgather,reduce_scatter,alltoall,gemm,copy", "--procs", "2",
-         "--sizes", "1K:16M", "--gemm-sizes", "256K,1M,4M", "--target-ci", "0.05", "--point-budget", "0.3"]
+         "--sizes", "1K:16M", "--gemm-sizes", "256K,1M,4M", "--target-ci", "0.05", "--point-budget", "0.3",
+         "--retries", "4"]
 TARGETS = (("comm_kendall_tau", ">=", 0.9), ("comm_regret", "<=", 0.03), ("comm_mean_accuracy", ">=", 0.95))
 
 
