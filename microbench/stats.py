@@ -90,10 +90,9 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
     n_eff = int(len(visits) ** 2 / sum(1.0 / len(v) for v in visits) + 1e-9)
     ranks = median_ci_ranks(n_eff, confidence)
     lo = hi = float("nan")
-    if ranks:
-        lo, hi = (_weighted_quantile(x, cum, (r + 1) / n_eff) for r in ranks)
     median, p95 = _weighted_quantile(x, cum, 0.5, between=True), _weighted_quantile(x, cum, 0.95)
     if ranks:
+        lo, hi = (_weighted_quantile(x, cum, (r + 1) / n_eff) for r in ranks)
         medians = [float(np.median(v)) for v in visits]
         half = NormalDist().inv_cdf(0.5 + confidence / 2) * float(np.std(medians, ddof=1)) / math.sqrt(len(visits))
         lo, hi = min(lo, median - half), max(hi, median + half)
