@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.harness_exec import Item, Program, Runner
-from analysis.layers import Attention, Compute, Elementwise, Embedding, Layer, Linear
+from analysis.harness_exec import Program, Runner
+from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from analysis.sbp import P, local_slices
 from microbench import provenance
 from microbench.stats import Estimate, StopRule, pooled_estimate, round_spread, sample_until_done
@@ -115,29 +115,18 @@ class Bench:
         else:
             self.cpu_ticks += np.subtract(after, before)
 
-    def timed(self, rule: StopRule, overhead_s: float = 0.0) -> Timed:
+    def timed(self, rule: StopRule) -> Timed:
         """The pooled visits: totals, communication and compute, each item's median, the target, the spread and
-        this host's CPU steal over the visits. Each collective step's seconds are net of `overhead_s`, the
-        harness's own time around a step (step_overhead), which the calibration's timing loop never counts."""
+        this host's CPU steal over the visits."""
         comm = np.array([it.is_comm for it in self.prog.items], dtype=bool)
-        visits = [v - overhead_s * comm for v in self.visits]
 
         def pooled(cols: np.ndarray) -> Estimate:
             """The pooled estimate of the sum of these items' columns, every visit weighing the same."""
-            return pooled_estimate([v[:, cols].sum(axis=1) for v in visits])
+            return pooled_estimate([v[:, cols].sum(axis=1) for v in self.visits])
 
         est = pooled(np.ones_like(comm))
         items = tuple(pooled(np.arange(len(comm)) == i).median for i in range(len(comm)))
-        spread = round_spread([v.sum(axis=1) for v in visits], est.median)
+        spread = round_spread([v.sum(axis=1) for v in self.visits], est.median)
         steal = None if self.cpu_ticks is None else provenance.steal_share(self.cpu_ticks)
         return Timed(est, pooled(comm), pooled(~comm), items, rule.met(est), self.max_rel_err, len(self.visits),
                      spread, steal)
-
-
-def step_overhead(runner: Runner, rule: StopRule, rounds: int) -> float:
-    """Median seconds the harness times around a step that does nothing (barrier exit, clocks, dispatch, sync,
-    max over ranks), sampled in `rounds` visits like a strategy: about 50 µs per step on 4 ranks sharing 2 vCPUs."""
-    bench = Bench(runner, Program((Item(Compute("nothing", (), (1,), 0.0), lambda env: None),), {}, ()))
-    for _ in range(rounds):
-        bench.visit(rule)
-    return bench.timed(rule).total.median

@@ -11,7 +11,7 @@ import pandas as pd
 from mpi4py import MPI
 
 from analysis import attribution, ranking
-from analysis.harness import Bench, NumericsError, layer_data, step_overhead
+from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
@@ -56,8 +56,6 @@ def main(args, cfg, layers, cal) -> int:
     counters = provenance.cpu_counters()
     try:
         visit_rule = cfg.rule.visit(cfg.rounds)
-        overhead = step_overhead(runner, visit_rule, cfg.rounds)
-        say(f"  harness overhead per step {overhead * 1e6:.0f} µs, netted out of collective steps", flush=True)
         for li, (name, layer, opts, chosen) in enumerate(work):
             data = layer_data(layer, args.seed + li, args.dtype)
             benches = []
@@ -69,8 +67,8 @@ def main(args, cfg, layers, cal) -> int:
             for _ in range(cfg.rounds):             # passes over the strategies, so that drift hits them alike
                 for _, _, bench in benches:
                     bench.visit(visit_rule)
-            refined = _refine(world, cfg, opts, benches, visit_rule, overhead)
-            timings = [bench.timed(cfg.rule, overhead) for _, _, bench in benches]
+            refined = _refine(world, cfg, opts, benches, visit_rule)
+            timings = [bench.timed(cfg.rule) for _, _, bench in benches]
             steals = coll.world_max(np.array([-1.0 if t.cpu_steal is None else t.cpu_steal for t in timings]))
             for (i, why, bench), timed, steal in zip(benches, timings, steals):
                 timed = replace(timed, cpu_steal=float(steal) if steal >= 0 else None)   # the most stolen host
@@ -87,19 +85,18 @@ def main(args, cfg, layers, cal) -> int:
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
-               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
-                "step_overhead_s": overhead})
+               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2)})
     return 0
 
 
-def _refine(world, cfg, opts, benches, visit_rule, overhead: float) -> set[int]:
+def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
     """Visit the layer's contenders (strategy indices, decided on rank 0 from the pooled rounds) in
     cfg.refine_rounds more passes; returns their indices."""
     if not cfg.refine_rounds:
         return set()
     picked = None
     if world.rank == 0:
-        timed = [bench.timed(cfg.rule, overhead) for _, _, bench in benches]
+        timed = [bench.timed(cfg.rule) for _, _, bench in benches]
         talks = np.array([any(it.is_comm for it in bench.prog.items) for _, _, bench in benches])
         idx = [i for i, _, _ in benches]
         cols = [opts.time_s[idx], np.where(talks, opts.comm_s[idx], np.nan), [t.total.median for t in timed],
