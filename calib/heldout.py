@@ -42,7 +42,7 @@ def _stats(err: np.ndarray) -> tuple[float | None, float | None]:
 
 
 def kfold_over_sizes(alg: Algorithm, pts: Points, method: str, max_segments: int, min_sizes: int,
-                     folds: int) -> HeldOut:
+                     folds: int, count: int | None = None) -> HeldOut:
     """Leave every folds-th size out in turn, refit on the others (change points included), predict it."""
     folds = min(folds, pts.n_sizes)
     if folds < 2 or pts.n_sizes < 4:
@@ -53,7 +53,7 @@ def kfold_over_sizes(alg: Algorithm, pts: Points, method: str, max_segments: int
         train = pts.take(~test)
         if len(train.seconds) < 3:
             continue
-        fit = fit_piecewise(alg, train, method, max_segments, min_sizes)
+        fit = fit_piecewise(alg, train, method, max_segments, min_sizes, count)
         pred = fit.predict(pts.procs[test], pts.nbytes[test])
         err[test] = np.abs(pred - pts.seconds[test]) / pts.seconds[test]
     ok = np.isfinite(err)

@@ -1,6 +1,6 @@
 """Piecewise alpha-beta regression: t = a(p) alpha + b(p) n beta on each size segment, fitted for relative
-error (times span six orders of magnitude), with change points in size found by dynamic programming
-and chosen by BIC. Final parameters come from statsmodels (WLS, or RLM with Huber's norm)."""
+error (times span six orders of magnitude), with change points in size found by dynamic programming,
+their number given or chosen by BIC. Final parameters come from statsmodels (WLS, or RLM with Huber's norm)."""
 
 from __future__ import annotations
 
@@ -133,30 +133,30 @@ def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> np.ndarray:
     return cost
 
 
-def change_points(alg: Algorithm, pts: Points, max_segments: int, min_sizes: int) -> list[tuple[int, int]]:
-    """Size-index ranges [(first, last), ...] of the segmentation with the lowest BIC (at most max_segments
-    segments of at least min_sizes distinct sizes each)."""
+def change_points(alg: Algorithm, pts: Points, max_segments: int, min_sizes: int,
+                  count: int | None = None) -> list[tuple[int, int]]:
+    """Size-index ranges [(first, last), ...] of the lowest-cost segmentation into segments of at least min_sizes
+    distinct sizes each: with `count`, that many (or as many as fit); without, the number up to max_segments with
+    the lowest BIC."""
     m = pts.n_sizes
-    if m < 2 * min_sizes or max_segments == 1:
+    most = min(count or max_segments, m // min_sizes)
+    if most <= 1:
         return [(0, m - 1)]
     cost = _segment_costs(alg, pts, min_sizes)
-    n = len(pts.seconds)
     # best[k][j]: lowest cost of covering sizes 0..j with k+1 segments; back[k][j]: where the last one starts
-    best = [cost[0].copy()]
-    back = [np.zeros(m, dtype=int)]
-    for _ in range(1, max_segments):
-        prev = best[-1]
-        cur, arg = np.full(m, np.inf), np.zeros(m, dtype=int)
-        for j in range(m):
-            for i in range(1, j + 1):
-                c = prev[i - 1] + cost[i, j]
-                if c < cur[j]:
-                    cur[j], arg[j] = c, i
-        best.append(cur)
-        back.append(arg)
-    bics = [n * math.log(max(best[k][m - 1] / n, COST_FLOOR ** 2)) + (3 * (k + 1) - 1) * math.log(n)
-            if math.isfinite(best[k][m - 1]) else math.inf for k in range(max_segments)]
-    k = int(np.argmin(bics))
+    best, back = [cost[0]], [np.zeros(m, dtype=int)]
+    for _ in range(1, most):
+        total = best[-1][None, :-1] + cost[1:, :].T        # [j, i - 1]: sizes 0..i-1 covered, then i..j
+        arg = np.argmin(total, axis=1)
+        best.append(total[np.arange(m), arg])
+        back.append(arg + 1)
+    n = len(pts.seconds)
+    if count is None:
+        bics = [n * math.log(max(b[m - 1] / n, COST_FLOOR ** 2)) + (3 * (k + 1) - 1) * math.log(n)
+                if math.isfinite(b[m - 1]) else math.inf for k, b in enumerate(best)]
+        k = int(np.argmin(bics))
+    else:
+        k = max(k for k, b in enumerate(best) if k == 0 or math.isfinite(b[m - 1]))
     ranges, j = [], m - 1
     while k >= 0:
         i = int(back[k][j]) if k > 0 else 0
@@ -178,7 +178,8 @@ class PiecewiseFit:
         return piecewise_terms(self.algorithm, bounds, col("alpha_s"), col("beta_s_per_byte"), procs, nbytes)[0]
 
 
-def fit_piecewise(alg: Algorithm, pts: Points, method: str, max_segments: int, min_sizes: int) -> PiecewiseFit:
-    ranges = change_points(alg, pts, max_segments, min_sizes)
+def fit_piecewise(alg: Algorithm, pts: Points, method: str, max_segments: int, min_sizes: int,
+                  count: int | None = None) -> PiecewiseFit:
+    ranges = change_points(alg, pts, max_segments, min_sizes, count)
     segs = tuple(fit_line(alg, pts.take((pts.size_index >= i) & (pts.size_index <= j)), method) for i, j in ranges)
     return PiecewiseFit(alg, segs)

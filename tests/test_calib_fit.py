@@ -14,6 +14,8 @@ import pytest
 from calib.calibration import calibration_from_dict
 from calib.fit import FitOptions, fit_calibration
 from calib.points import load_runs
+from calib.algorithms import algorithm
+from calib.segments import Points, fit_piecewise
 from calib.synthetic import Segment, TrueModel, write_synthetic_run
 
 TRUTH = {
@@ -88,6 +90,30 @@ def test_a_regime_of_three_sizes_gets_its_own_segment_where_held_out_error_says_
     off = [np.abs(calibration_from_dict(c).predict_seconds("allreduce", "inter", 2, regime)
                   / burst.seconds("allreduce", 2, regime) - 1).max() for c in cals]
     assert off[0] < 0.02 and off[1] > 0.1, off
+
+
+def test_held_out_error_overrides_bic_where_an_unfittable_regime_stops_it_splitting(tmp_path):
+    """Latency that doubles between 2 and 4 KiB (a regime of 2 sizes, fewer than a segment may span) and a bandwidth
+    that drops 19% past 1 MiB, as a 2-rank intra-node allreduce measured here: the small sizes' misfit inflates
+    BIC's residual variance whatever the segments, so BIC alone puts 128 KiB-16 MiB on too few lines; a fixed
+    number of segments with a far lower held-out error replaces it."""
+    truth = TrueModel((Segment(2048, 7e-6, 1e-9), Segment(8192, 17e-6, 1e-10), Segment(1048576, 10e-6, 1.08e-9),
+                       Segment(math.inf, -100e-6, 1.33e-9)), "ring")
+    sizes = tuple(2 ** k for k in range(10, 25))
+    run = write_synthetic_run(tmp_path / "run", {("allreduce", "intra"): truth}, {"intra": [2]}, sizes=sizes,
+                              samples=15, noise=0.03, outlier_fraction=0.05, seed=1)
+    runs = load_runs([str(run)])
+    big = np.array([2.0 ** k for k in range(17, 25)])
+    m = fit_calibration(runs)["models"]["allreduce"]["intra"]
+    off = np.abs(calibration_from_dict(fit_calibration(runs)).predict_seconds("allreduce", "intra", 2, big)
+                 / truth.seconds("allreduce", 2, big) - 1).max()
+    pts = runs.points[runs.points["op"] == "allreduce"]
+    bic = fit_piecewise(algorithm("ring"), Points.build(pts["procs"], pts["size_bytes"], pts["seconds"],
+                                                        pts["requested_bytes"]), "wls", 5, 4)
+    bic_off = np.abs(bic.predict(np.full(len(big), 2.0), big) / truth.seconds("allreduce", 2, big) - 1).max()
+    assert bic_off > 0.08 and len(bic.segments) < 3, (bic_off, len(bic.segments))
+    assert off < 0.03 and len(m["segments"]) >= 3, (off, m["segments"])
+    assert m["heldout"]["median_abs_rel_err"] < 0.03
 
 
 def test_hockney_table_per_process_count_matches_the_model(fitted):
