@@ -43,7 +43,8 @@ def _stats(err: np.ndarray) -> tuple[float | None, float | None]:
 
 def kfold_over_sizes(alg: Algorithm, pts: Points, method: str, max_segments: int, min_sizes: int,
                      folds: int, count: int | None = None) -> HeldOut:
-    """Leave every folds-th size out in turn, refit on the others (change points included), predict it."""
+    """Leave every folds-th size out in turn, refit on the others (change points included; with `count`, that
+    many segments), predict it."""
     folds = min(folds, pts.n_sizes)
     if folds < 2 or pts.n_sizes < 4:
         return HeldOut(0, 0, None, None, None, None)

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+from calib.algorithms import algorithm
 from calib.calibration import calibration_from_dict
 from calib.fit import FitOptions, fit_calibration
 from calib.points import load_runs
-from calib.algorithms import algorithm
 from calib.segments import Points, fit_piecewise
 from calib.synthetic import Segment, TrueModel, write_synthetic_run
 
@@ -104,8 +104,9 @@ def test_held_out_error_overrides_bic_where_an_unfittable_regime_stops_it_splitt
                               samples=15, noise=0.03, outlier_fraction=0.05, seed=1)
     runs = load_runs([str(run)])
     big = np.array([2.0 ** k for k in range(17, 25)])
-    m = fit_calibration(runs)["models"]["allreduce"]["intra"]
-    off = np.abs(calibration_from_dict(fit_calibration(runs)).predict_seconds("allreduce", "intra", 2, big)
+    cal = fit_calibration(runs)
+    m = cal["models"]["allreduce"]["intra"]
+    off = np.abs(calibration_from_dict(cal).predict_seconds("allreduce", "intra", 2, big)
                  / truth.seconds("allreduce", 2, big) - 1).max()
     pts = runs.points[runs.points["op"] == "allreduce"]
     bic = fit_piecewise(algorithm("ring"), Points.build(pts["procs"], pts["size_bytes"], pts["seconds"],
