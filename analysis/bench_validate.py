@@ -10,7 +10,9 @@ Besides the plain sweep, a second sweep runs every collective right after a --af
 384; 0: none), and the fit turns it into the after-compute models that price the collectives of a training step
 that follow a computation. --calibration CAL skips the sweeps and the fit. --repeat N validates N times
 (DIR/validate, DIR/validate-2, ...) and also scores each run's measured times as the prediction of another's: the
-figures no cost model can beat on a machine whose measurements repeat only that well."""
+figures no cost model can beat on a machine whose measurements repeat only that well. --mesh 2 runs a control
+with one rank per vCPU on one link class: 2 ranks on one node with --links intra, or one on each of two nodes
+with --links inter."""
 
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ def main(argv=None) -> int:
                    help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
     p.add_argument("--repeat", type=int, default=1, help="validate this many times (default 1)")
+    p.add_argument("--mesh", default="2x2", help="validate's mesh (default 2x2; 2 for a control with one rank per "
+                                                  "vCPU: one node with --links intra, or two nodes with --links inter)")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
@@ -90,7 +94,7 @@ def main(argv=None) -> int:
     layers = [a for spec in LAYERS for a in ("--layer", spec)]
     runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
     for run in runs:
-        _run([*launch, *commcal, "validate", cal, "--mesh", "2x2", "--out", str(run), *layers,
+        _run([*launch, *commcal, "validate", cal, "--mesh", args.mesh, "--out", str(run), *layers,
               *shlex.split(args.validate_args)])
     summaries = [json.loads((run / "summary.json").read_text()) for run in runs]
     columns = {f"run {i + 1}": s["metrics"] for i, s in enumerate(summaries)}

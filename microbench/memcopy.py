@@ -8,10 +8,14 @@ after another 16 bytes apart modulo 4 KiB, so a program's collectives pay it by 
 not by size: timings then depend on where the allocator put things. glibc's x86_rep_movsb_threshold tunable
 (TUNABLE) moves such copies to vector loops. sweep and validate record the slowdown and warn where it is large.
 
-Run `python -m microbench.memcopy` for the table; compare with `GLIBC_TUNABLES=... python -m microbench.memcopy`."""
+Run `python -m microbench.memcopy` for the table; compare with `GLIBC_TUNABLES=... python -m microbench.memcopy`.
+`--drift SECONDS [--procs N]` prints how the host's copy speed moves over time instead: on a shared VM it drifts
+with other tenants' memory traffic, which no CPU steal counter shows, and intra-node timings drift with it."""
 
 from __future__ import annotations
 
+import argparse
+import multiprocessing
 import os
 import sys
 import time
@@ -66,7 +70,56 @@ def advice(slowdown: float) -> str | None:
             f"(sweep and validate alike) to avoid it")
 
 
-def main() -> int:
+DRIFT_BYTES, DRIFT_SPAN, WINDOW_S = 4 << 20, 64 << 20, 10
+
+
+def drift_rates(seconds: float, cpu: int | None = None) -> list[float]:
+    """GB/s of a DRIFT_BYTES copy, the median of each second for `seconds`; buffers rotate through DRIFT_SPAN so
+    copies read and write memory, not cache. `cpu`: pin to that core first."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    slots = DRIFT_SPAN // DRIFT_BYTES
+    src, dst = np.ones((slots, DRIFT_BYTES), np.uint8), np.ones((slots, DRIFT_BYTES), np.uint8)
+    out, i, end = [], 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        times, tick = [], time.monotonic() + 1.0
+        while time.monotonic() < tick:
+            t0 = time.perf_counter()
+            np.copyto(dst[i % slots], src[i % slots])
+            times.append(time.perf_counter() - t0)
+            i += 1
+        out.append(DRIFT_BYTES / float(np.median(times)) / 1e9)
+    return out
+
+
+def drift(seconds: float, procs: int) -> None:
+    """Copy speed over time in `procs` processes at once, one per core: per process the median, 5th and 95th
+    percentiles of the per-second rates, and the median of each WINDOW_S window; dips that every process shows in
+    the same windows come from outside them (the host), not from their own scheduling."""
+    cpus = sorted(os.sched_getaffinity(0))
+    with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        series = pool.starmap(drift_rates, [(seconds, cpus[k % len(cpus)]) for k in range(procs)])
+    print(f"copy of {DRIFT_BYTES >> 20} MiB (buffers rotating through {DRIFT_SPAN >> 20} MiB), GB/s; "
+          f"{procs} process(es), one per core; {WINDOW_S} s windows")
+    for k, rates in enumerate(series):
+        r = np.array(rates)
+        windows = [float(np.median(r[j:j + WINDOW_S])) for j in range(0, len(r), WINDOW_S)]
+        spread = (max(windows) - min(windows)) / 2 / float(np.median(r))
+        print(f"process {k}: median {np.median(r):.2f}  p5 {np.percentile(r, 5):.2f}  p95 {np.percentile(r, 95):.2f}"
+              f"  windows {' '.join(f'{w:.2f}' for w in windows)}  (half-range {100 * spread:.0f}% of the median)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m microbench.memcopy", description=__doc__.splitlines()[0])
+    p.add_argument("--drift", type=float, metavar="SECONDS", help="print copy speed over this many seconds instead")
+    p.add_argument("--procs", type=int, default=1, help="with --drift: processes at once, one per core (default 1)")
+    args = p.parse_args(argv)
+    if args.drift is not None:
+        if not 0 < args.drift < float("inf") or args.procs < 1:
+            print("memcopy: --drift needs a positive number of seconds and --procs at least 1", file=sys.stderr)
+            return 2
+        drift(args.drift, args.procs)
+        return 0
     distances = (0, ALIASED, 64, 256, APART, -32)
     print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     print(f"{'size':>8}  " + "  ".join(f"{f'{d:+d} B':>8}" for d in distances) + "   GB/s by destination offset "

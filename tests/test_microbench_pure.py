@@ -377,3 +377,20 @@ def test_memcopy_reports_the_placement_slowdown_and_the_glibc_tunable_removes_it
     slowdown = float(re.search(r"16 B against 2048 B: ([\d.]+)x", proc.stdout).group(1))
     assert 0 < slowdown < memcopy.WARN_SLOWDOWN and lines[-1] == "no placement penalty worth a warning"
     assert memcopy.advice(1.9) is None and f"GLIBC_TUNABLES={memcopy.TUNABLE}" in memcopy.advice(13.0)
+
+
+def test_memcopy_drift_prints_each_process_rates_over_time_and_refuses_bad_durations():
+    """--drift 3 --procs 2: one line per process with a positive median inside its 5th-95th percentiles and one
+    window; a duration that is not a positive finite number exits 2 with one line."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "microbench.memcopy", *a], capture_output=True,  # noqa: E731
+                                    text=True, cwd=Path(__file__).parents[1], timeout=60)
+    proc = run("--drift", "3", "--procs", "2")
+    assert proc.returncode == 0, proc.stderr
+    found = re.findall(r"^process (\d): median ([\d.]+)  p5 ([\d.]+)  p95 ([\d.]+)  windows ([\d.]+)  \(", proc.stdout,
+                       re.M)
+    assert [f[0] for f in found] == ["0", "1"]
+    for _, med, p5, p95, window in found:
+        assert 0 < float(p5) <= float(med) <= float(p95) and float(window) > 0
+    for bad in ("0", "-2", "inf", "nan"):
+        proc = run("--drift", bad)
+        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "--drift" in proc.stderr
