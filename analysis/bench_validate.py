@@ -63,6 +63,14 @@ def _print(columns: dict[str, dict]) -> None:
 
 
 def main(argv=None) -> int:
+    try:
+        return _bench(argv)
+    except subprocess.CalledProcessError as e:
+        print(f"bench_validate: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
+        return 2 if e.returncode == 2 else 1
+
+
+def _bench(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks on 2 nodes")
     p.add_argument("--out", required=True)

@@ -1,15 +1,18 @@
 """`commcal validate` on real mpirun jobs: every strategy of matmul (linear), MLP and embedding runs with
 correct numerics at 2 and 4 ranks (meshes 2, 2x2, 4), the directory is what reports/validation_view.py
-reads, and bad input is one line with exit 2."""
+reads, bad input is one line with exit 2, and analysis.bench_validate runs its control mesh."""
 
 import json
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from calib.synthetic import synthetic_calibration
-from conftest import run_mpi
+from conftest import REPO, mpi_env, mpiexec_argv, run_mpi
 from analysis.harness import TOLERANCE
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
@@ -124,6 +127,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()
+
+
+def test_bench_validate_scores_repeats_on_a_control_mesh_and_names_a_failed_step(tmp_path):
+    """bench_validate with a calibration, --mesh 2 and --repeat 2 on 2 ranks prints each run's metrics and each run
+    scored as the other's prediction; a validate that refuses its input (mesh 3 on 2 ranks) ends it with exit 2 and
+    one line naming that command, no traceback."""
+    cal = calibration(tmp_path / "cal.json")
+    bench = lambda mesh, out: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "analysis.bench_validate", "--launch", shlex.join(mpiexec_argv(2)), "--calibration", cal,
+         "--mesh", mesh, "--out", str(out), "--repeat", "2", "--validate-args", shlex.join(FAST)],
+        env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = bench("2", tmp_path / "ok")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header = next(l for l in proc.stdout.splitlines() if l.startswith("metric"))
+    assert header.split()[1:] == ["run", "1", "run", "2", "1", "as", "2", "2", "as", "1", "target"]
+    tau = next(l for l in proc.stdout.splitlines() if l.startswith("comm_kendall_tau")).split()
+    assert all(-1 <= float(v) <= 1 for v in tau[1:5]) and tau[5:7] == [">=", "0.9"]
+    for run in ("validate", "validate-2"):
+        assert json.loads((tmp_path / "ok" / run / "summary.json").read_text())["mesh"].startswith("2 (1 nodes x 2")
+    proc = bench("3", tmp_path / "bad")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bench_validate: ") and " validate " in last and "--mesh 3" in last and last.endswith("exited 2")
 
 
 @pytest.mark.gpu
