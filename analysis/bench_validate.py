@@ -72,7 +72,7 @@ def main(argv=None) -> int:
 
 def _bench(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks on 2 nodes")
+    p.add_argument("--launch", required=True, help="MPI launcher prefix (4 ranks on 2 nodes for mesh 2x2)")
     p.add_argument("--out", required=True)
     p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
     p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")

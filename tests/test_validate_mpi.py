@@ -149,7 +149,8 @@ def test_bench_validate_scores_repeats_on_a_control_mesh_and_names_a_failed_step
     proc = bench("3", tmp_path / "bad")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("bench_validate: ") and " validate " in last and "--mesh 3" in last and last.endswith("exited 2")
+    assert last.startswith("bench_validate: ") and " validate " in last and "--mesh 3" in last
+    assert last.endswith("exited 2")
 
 
 @pytest.mark.gpu
