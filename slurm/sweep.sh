@@ -15,7 +15,8 @@
 #
 # The #SBATCH lines above are defaults; options on the sbatch command line override them.
 # Knobs (environment variables, exported to the job by sbatch):
-#   COMMCAL_OUT_DIR     results directory (default: $SLURM_SUBMIT_DIR/commcal-out)
+#   COMMCAL_OUT_DIR     results directory (default: commcal-out in the job's working directory:
+#                       the submit directory, or sbatch --chdir=DIR)
 #   COMMCAL_RUN_NAME    run directory under it (default: sweep-CLUSTER-NODESxTASKS_PER_NODE-BACKEND-PRESET);
 #                       a resubmission with the same name resumes it; pick a new name to start afresh
 #   COMMCAL_CALIBRATION calibration file (default: $COMMCAL_OUT_DIR/CLUSTER-YYYY-MM-DD.json)
@@ -46,7 +47,8 @@ fail() { printf 'commcal-sweep: FAILED: %s\n' "$1" >&2; exit "${2:-1}"; }
 
 trap 'fail "terminated by a signal (time limit, scancel or node failure); finished points are kept in ${run_dir:-the run directory}: resubmit the same command to resume" 143' TERM INT
 [ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job: submit with sbatch slurm/sweep.sh" 2
-cd "${SLURM_SUBMIT_DIR:-$PWD}"
+# The job runs where Slurm put it: the submit directory, or sbatch --chdir=DIR.
+work_dir=$PWD
 
 # --- the commcal command -----------------------------------------------------------------------
 if [ -n "${COMMCAL:-}" ]; then
@@ -70,7 +72,7 @@ preset=${COMMCAL_PRESET:-full}
 backend=${COMMCAL_BACKEND:-mpi}
 case $preset in quick | full) ;; *) fail "COMMCAL_PRESET must be quick or full, not '$preset'" 2 ;; esac
 
-out_dir=${COMMCAL_OUT_DIR:-$SLURM_SUBMIT_DIR/commcal-out}
+out_dir=${COMMCAL_OUT_DIR:-$work_dir/commcal-out}
 run_name=${COMMCAL_RUN_NAME:-sweep-$cluster-${nodes}x${per_node}-$backend-$preset}
 run_dir=$out_dir/$run_name
 calibration=${COMMCAL_CALIBRATION:-$out_dir/$cluster-$(date +%Y-%m-%d).json}

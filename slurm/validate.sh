@@ -13,7 +13,8 @@
 #
 # The #SBATCH lines above are defaults; options on the sbatch command line override them.
 # Knobs (environment variables):
-#   COMMCAL_OUT_DIR       results directory (default: $SLURM_SUBMIT_DIR/commcal-out)
+#   COMMCAL_OUT_DIR       results directory (default: commcal-out in the job's working directory:
+#                       the submit directory, or sbatch --chdir=DIR)
 #   COMMCAL_CALIBRATION   calibration file (default: the newest $COMMCAL_OUT_DIR/CLUSTER-*.json)
 #   COMMCAL_VALIDATE_OUT  validation output (default: $COMMCAL_OUT_DIR/validate-CLUSTER-YYYY-MM-DD)
 #   COMMCAL_PRESET        quick (default: small layers, loose target) | full (give --layer specs in
@@ -31,7 +32,8 @@ say() { printf 'commcal-validate: %s\n' "$*"; }
 fail() { printf 'commcal-validate: FAILED: %s\n' "$1" >&2; exit "${2:-1}"; }
 
 [ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job: submit with sbatch slurm/validate.sh" 2
-cd "${SLURM_SUBMIT_DIR:-$PWD}"
+# The job runs where Slurm put it: the submit directory, or sbatch --chdir=DIR.
+work_dir=$PWD
 
 if [ -n "${COMMCAL:-}" ]; then
   read -r -a COMMCAL_CMD <<<"$COMMCAL"
@@ -49,7 +51,7 @@ fi
 cluster=${SLURM_CLUSTER_NAME:-$(hostname -s)}
 ntasks=${SLURM_NTASKS:-}
 [ -n "$ntasks" ] || fail "SLURM_NTASKS is not set: give the job a task count (-n or --ntasks-per-node)" 2
-out_dir=${COMMCAL_OUT_DIR:-$SLURM_SUBMIT_DIR/commcal-out}
+out_dir=${COMMCAL_OUT_DIR:-$work_dir/commcal-out}
 calibration=${COMMCAL_CALIBRATION:-}
 if [ -z "$calibration" ]; then
   calibration=$(ls -1t "$out_dir/$cluster"-*.json 2>/dev/null | head -n 1 || true)

@@ -15,11 +15,13 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from analysis import bench_validate
 from conftest import REPO, VENV_BIN, run_cli
 from microbench import memcopy
 
@@ -168,11 +170,29 @@ SWEEP_ENV = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter",
              "COMMCAL_SWEEP_ARGS": "--retries 2"}
 
 
-def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
+@dataclass(frozen=True)
+class ResumedSweep:
+    """An sbatch sweep killed part-way and resubmitted: what the kill left and what the resumption did."""
+
+    out: Path
+    kept: dict[str, tuple[int, int]]  # point file -> (mtime_ns, rounds) after the kill
+    first_log: str
+    log: str
+
+    @property
+    def calibration(self) -> Path:
+        cals = sorted(self.out.glob("localcluster-*.json"))
+        assert len(cals) == 1, cals
+        return cals[0]
+
+
+@pytest.fixture(scope="module")
+def resumed_sweep(cluster) -> ResumedSweep:
+    """`sbatch slurm/sweep.sh` killed part-way as a time limit would, then resubmitted (each test that needs
+    this module's calibration depends on this fixture, not on another test)."""
     out = cluster.work / "calib"
     env = {**SWEEP_ENV, "COMMCAL_OUT_DIR": str(out), "COMMCAL_RUN_NAME": "run"}
     points = out / "run" / "points"
-    # 1. start the sweep and kill it part-way, as a time limit would
     job = cluster.sbatch("-o", "sweep-%j.out", str(SWEEP), env=env)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(points.glob("*.json"))) < 6:
@@ -182,15 +202,20 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     first_log = (cluster.work / f"sweep-{job}.out").read_text()
     assert not ok, f"the first job should have been cancelled part-way:\n{text}\n{first_log}"
     kept = {p.name: (p.stat().st_mtime_ns, json.loads(p.read_text())["rounds"]) for p in points.glob("*.json")}
-    assert len(kept) >= 6, f"measured points must survive the kill:\n{first_log}"
-    finished = {name for name, (_, rounds) in kept.items() if rounds == 3}
-    # 2. resubmit: the run resumes; finished points are not measured again, the others get their missing visits
     t0 = time.monotonic()
     job = cluster.sbatch("-o", "sweep-%j.out", str(SWEEP), env=env)
     ok, text = cluster.wait(job, 420)
     log = (cluster.work / f"sweep-{job}.out").read_text()
     assert ok, f"{text}\n{log}\n{cluster.logs()}"
     print(f"resumed sweep job: {time.monotonic() - t0:.1f} s")
+    return ResumedSweep(out, kept, first_log, log)
+
+
+def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_sweep):
+    out, kept, log = resumed_sweep.out, resumed_sweep.kept, resumed_sweep.log
+    points = out / "run" / "points"
+    assert len(kept) >= 6, f"measured points must survive the kill:\n{resumed_sweep.first_log}"
+    finished = {name for name, (_, rounds) in kept.items() if rounds == 3}
     assert f"({len(finished)} already done, {len(kept) - len(finished)} partly)" in log, log
     for name, (mtime, _) in kept.items():
         if name in finished:
@@ -201,13 +226,13 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     assert run["resumed_at"], "run.json should record the resumption"
     assert sorted(run["hosts"]) == list(NODES)
     # 3. the calibration file: named after the cluster and date, valid, with both link classes
-    cals = sorted(out.glob("localcluster-*.json"))
-    assert len(cals) == 1 and re.fullmatch(r"localcluster-\d{4}-\d{2}-\d{2}\.json", cals[0].name), cals
+    cal_path = resumed_sweep.calibration
+    assert re.fullmatch(r"localcluster-\d{4}-\d{2}-\d{2}\.json", cal_path.name), cal_path
     from calib.calibration import load_calibration
 
-    cal = load_calibration(cals[0])
+    cal = load_calibration(cal_path)
     assert {"intra", "inter"} <= set(cal.link_classes())
-    data = json.loads(cals[0].read_text())
+    data = json.loads(cal_path.read_text())
     assert data["link_classes"]["inter"]["nodes"] == 2 and data["link_classes"]["intra"]["nodes"] == 1
     # 4. ground truth: the inter-node point-to-point bandwidth is the tbf rate's payload share
     bw = data["p2p"]["pingpong"]["inter"]["bandwidth_bytes_per_s"]
@@ -218,21 +243,20 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(cluster):
     table = pp.sort_values("size_bytes")[["size_bytes", "samples", "median_s", "ci_low_s", "ci_high_s", "min_s"]]
     assert abs(bw / EXPECTED_BPS - 1) <= 0.05, f"{bw=} {EXPECTED_BPS=}\n{table.to_string()}\n{log}"
     # and what a planner asks the calibration: an 8 MiB message between nodes moves at that rate
-    pred = run_cli(["predict", str(cals[0]), "--op", "pingpong", "--link", "inter", "--procs", "2", "--bytes", "8M",
+    pred = run_cli(["predict", str(cal_path), "--op", "pingpong", "--link", "inter", "--procs", "2", "--bytes", "8M",
                     "--json"])
     assert pred.returncode == 0, pred.stdout + pred.stderr
     seconds = json.loads(pred.stdout)["seconds"]
     assert abs((8 << 20) / seconds / EXPECTED_BPS - 1) <= 0.05, (seconds, pred.stdout)
     assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
+    # 5. the job ended with its report
+    assert (cal_path.parent / f"{cal_path.stem}-report" / "report.html").is_file(), log
 
 
-def test_sbatch_validate_sh_quick_ranks_strategies_on_both_link_classes(cluster):
+def test_sbatch_validate_sh_quick_ranks_strategies_on_both_link_classes(cluster, resumed_sweep):
     """slurm/validate.sh with the calibration the sbatch sweep wrote: a 2x2 mesh (inter x intra)."""
-    cals = sorted((cluster.work / "calib").glob("localcluster-*.json"))
-    if not cals:
-        pytest.fail("needs the calibration written by the sbatch sweep test above (run the module as a whole)")
     out = cluster.work / "validate"
-    env = {"COMMCAL_CALIBRATION": str(cals[0]), "COMMCAL_VALIDATE_OUT": str(out), "COMMCAL_PRESET": "quick",
+    env = {"COMMCAL_CALIBRATION": str(resumed_sweep.calibration), "COMMCAL_VALIDATE_OUT": str(out), "COMMCAL_PRESET": "quick",
            "COMMCAL_VALIDATE_ARGS": "--mesh 2x2"}
     t0 = time.monotonic()
     job = cluster.sbatch("-o", "validate-%j.out", str(REPO / "slurm" / "validate.sh"), env=env)
@@ -248,16 +272,21 @@ def test_sbatch_validate_sh_quick_ranks_strategies_on_both_link_classes(cluster)
     assert sorted(set(run.get("hosts", []))) == list(NODES), run.get("hosts")
 
 
-def test_sbatch_sweep_sh_after_gemm_fits_the_after_compute_models(cluster):
-    """COMMCAL_AFTER_GEMM: a second sweep with a GEMM before each call, fitted as the after-compute models."""
-    out = cluster.work / "after"
+def test_sbatch_sweep_sh_after_gemm_fits_the_after_compute_models_in_the_chdir(cluster):
+    """COMMCAL_AFTER_GEMM: a second sweep with a GEMM before each call, fitted as the after-compute models; the
+    job is submitted with sbatch --chdir, so its output and results land there, not in the submit directory."""
+    work = cluster.work / "after-chdir"
+    work.mkdir()
+    out = work / "commcal-out"
     env = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra", "COMMCAL_OPS": "allreduce",
-           "COMMCAL_SIZES": "1K,4K,16K,64K,256K,1M", "COMMCAL_OUT_DIR": str(out), "COMMCAL_RUN_NAME": "run",
+           "COMMCAL_SIZES": "1K,4K,16K,64K,256K,1M", "COMMCAL_RUN_NAME": "run",
            "COMMCAL_AFTER_GEMM": "96", "COMMCAL_REPORT": "0"}
-    job = cluster.sbatch("-o", "after-%j.out", str(SWEEP), env=env)
+    job = cluster.sbatch(f"--chdir={work}", "-o", "after-%j.out", str(SWEEP), env=env)
     ok, text = cluster.wait(job, 300)
-    log = (cluster.work / f"after-{job}.out").read_text()
+    assert (work / f"after-{job}.out").is_file(), f"the job's output belongs in --chdir:\n{text}"
+    log = (work / f"after-{job}.out").read_text()
     assert ok, f"{text}\n{log}\n{cluster.logs()}"
+    assert not (cluster.work / "commcal-out").exists(), "results belong in --chdir, not the submit directory"
     assert json.loads((out / "run-after-gemm96" / "run.json").read_text())["options"]["after_gemm"] == 96
     data = json.loads(next(out.glob("localcluster-*.json")).read_text())
     assert data["after_compute"]["after_gemm"] == 96 and "intra" in data["after_compute"]["models"]["allreduce"]
@@ -265,6 +294,32 @@ def test_sbatch_sweep_sh_after_gemm_fits_the_after_compute_models(cluster):
     bad = cluster.sbatch("-o", "after-bad-%j.out", str(SWEEP), env={**env, "COMMCAL_AFTER_GEMM": "lots"})
     ok, text = cluster.wait(bad, 60)
     assert not ok and "COMMCAL_AFTER_GEMM must be a whole number" in (cluster.work / f"after-bad-{bad}.out").read_text()
+
+
+def _misses(metrics: dict) -> list[str]:
+    """bench_validate's targets that `metrics` (summary.json's) misses, as text."""
+    out = []
+    for name, op, target in bench_validate.TARGETS:
+        value = metrics[name]["value"]
+        if not (value >= target if op == ">=" else value <= target):
+            out.append(f"{name} {value:.4f} (target {op} {target})")
+    return out
+
+
+def test_inter_node_control_ranks_strategies_within_the_targets(cluster):
+    """The headline claim where the link holds still (one rank per node, mesh 2): a sweep, its calibration and a
+    validate of bench_validate's layers meet bench_validate's targets in communication."""
+    out = cluster.work / "control"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "analysis.bench_validate", "--launch",
+                           f"{CLUSTER} mpirun -n 2 --map-by node", "--links", "inter", "--mesh", "2",
+                           "--after-gemm", "0", "--out", str(out)],
+                          env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    print(f"inter-node control bench_validate: {time.monotonic() - t0:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    metrics = json.loads((out / "validate" / "summary.json").read_text())["metrics"]
+    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("comm_")))
+    assert not _misses(metrics), f"{_misses(metrics)}\n{proc.stdout[-3000:]}"
 
 
 def test_time_limit_kill_keeps_points_and_resubmission_resumes(cluster):
