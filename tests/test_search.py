@@ -194,3 +194,14 @@ def test_predict_says_its_fallback_and_strict_refuses(tmp_path, capsys):
     full.write_text(json.dumps(cal_dict()))
     code, out, err = _cli(capsys, ["predict", str(full), *layer[2:], "--strategy", "m", "--strict"])
     assert code == 0 and err == "" and json.loads(out)["fallbacks"] == []
+
+
+def test_coordinate_descent_returns_a_choice_where_every_start_is_infinite(tmp_path):
+    """No collective has a model: only the replicated chain is finite, and descent from the starts may never reach
+    it; it still returns its best (infinite) assignment rather than nothing."""
+    data = synthetic_calibration({("pingpong", "intra"): (5e-6, 1e-11)}, gemm={"float32": 1e13})
+    tables = Tabulator(Pricer(calibration_from_dict(data), Mesh((2, 4), 4))).tables(
+        parse_model("transformer:d=256,heads=4,seq=64,batch=4"))
+    assert np.isfinite(dp(tables)[1])
+    cd = coordinate_descent(tables, restarts=2)
+    assert cd is not None and chain_cost(tables, cd) >= dp(tables)[1]
