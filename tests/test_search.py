@@ -16,9 +16,8 @@ from analysis.pricing import Fallback, Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, dp, evaluate_many, memory_of, optimum
 from calib.calibration import calibration_from_dict, load_calibration
 from calib.synthetic import synthetic_calibration
-from microbench.cli import main
 from microbench.errors import UsageError
-from conftest import run_cli
+from conftest import run_cli, run_main
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 
@@ -35,12 +34,6 @@ def intra_only(path, ops=OPS) -> str:
                                                      gemm={"float32": 1e13})))
     return str(path)
 
-
-def _cli(capsys, args):
-    """`commcal ARGS` in this process: (exit code, stdout, stderr)."""
-    code = main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +128,7 @@ def test_pricer_records_fallbacks_as_frozen_values(tmp_path):
 def test_search_says_each_fallback_once_records_it_and_strict_refuses(tmp_path, capsys):
     cal = intra_only(tmp_path / "intra.json")
     args = ["search", cal, "--model", "vgg13", "--mesh", "2x4", "--json"]
-    code, out, err = _cli(capsys, args)
+    code, out, err = run_main(capsys, args)
     assert code == 0, err
     out = json.loads(out)
     ops = sorted({f["op"] for f in out["fallbacks"]})
@@ -144,7 +137,7 @@ def test_search_says_each_fallback_once_records_it_and_strict_refuses(tmp_path, 
     assert err == (f"commcal: warning: calibration {cal} has no 'inter' model for {', '.join(ops)} (mesh axis 0); "
                    "priced by its 'intra' models\n")
     assert all(key.endswith("/intra") for key in out["comm_by_collective"])
-    code, out, err = _cli(capsys, [*args, "--strict"])
+    code, out, err = run_main(capsys, [*args, "--strict"])
     assert code == 2 and out == ""
     assert err == (f"commcal: error: calibration {cal} has no 'inter' model for {', '.join(ops)} (mesh axis 0); "
                    "--strict refuses to fall back\n")
@@ -152,7 +145,7 @@ def test_search_says_each_fallback_once_records_it_and_strict_refuses(tmp_path, 
 
 def test_search_says_which_collectives_no_link_class_prices(tmp_path, capsys):
     cal = intra_only(tmp_path / "no-alltoall.json", OPS[:3])
-    code, out, err = _cli(capsys, ["search", cal, "--model", "mlp:batch=64,d_in=64,d_hidden=256", "--mesh", "2x4",
+    code, out, err = run_main(capsys, ["search", cal, "--model", "mlp:batch=64,d_in=64,d_hidden=256", "--mesh", "2x4",
                                    "--json"])
     assert code == 0, err
     assert err.splitlines() == [
@@ -172,27 +165,27 @@ def test_predict_says_its_fallback_and_strict_refuses(tmp_path, capsys):
     strategy reports only its own collectives' fallbacks; --strict is one line, exit 2, nothing printed."""
     cal = intra_only(tmp_path / "intra.json")
     op = ["predict", cal, "--op", "allreduce", "--link", "inter", "--procs", "2", "--bytes", "1M", "--json"]
-    code, out, err = _cli(capsys, op)
+    code, out, err = run_main(capsys, op)
     assert code == 0 and json.loads(out)["link"] == "intra"
     assert json.loads(out)["fallbacks"] == [{"op": "allreduce", "axis": None, "wanted": "inter", "used": "intra"}]
     assert err == (f"commcal: warning: calibration {cal} has no 'inter' model for allreduce; priced by its 'intra' "
                    "models\n")
     layer = ["predict", cal, "--layer", "linear:m=64,k=128,n=256", "--mesh", "2", "--ranks-per-node", "1", "--json"]
-    code, out, err = _cli(capsys, [*layer, "--strategy", "m"])           # data parallel: one gradient allreduce
+    code, out, err = run_main(capsys, [*layer, "--strategy", "m"])           # data parallel: one gradient allreduce
     assert code == 0 and [s["priced_link"] for s in json.loads(out)["steps"] if s["kind"] == "comm"] == ["intra"]
     assert json.loads(out)["fallbacks"] == [{"op": "allreduce", "axis": 0, "wanted": "inter", "used": "intra"}]
     assert err == (f"commcal: warning: calibration {cal} has no 'inter' model for allreduce (mesh axis 0); "
                    "priced by its 'intra' models\n")
-    code, out, err = _cli(capsys, [*layer, "--strategy", "-"])            # replicated: no collective, no fallback
+    code, out, err = run_main(capsys, [*layer, "--strategy", "-"])            # replicated: no collective, no fallback
     assert code == 0 and err == "" and json.loads(out)["fallbacks"] == []
     for args in (op, [*layer, "--strategy", "m"]):
-        code, out, err = _cli(capsys, [*args, "--strict"])
+        code, out, err = run_main(capsys, [*args, "--strict"])
         assert code == 2 and out == "" and err.count("\n") == 1
         assert err.startswith(f"commcal: error: calibration {cal} has no 'inter' model for allreduce")
         assert err.endswith("; --strict refuses to fall back\n")
     full = tmp_path / "full.json"
     full.write_text(json.dumps(cal_dict()))
-    code, out, err = _cli(capsys, ["predict", str(full), *layer[2:], "--strategy", "m", "--strict"])
+    code, out, err = run_main(capsys, ["predict", str(full), *layer[2:], "--strategy", "m", "--strict"])
     assert code == 0 and err == "" and json.loads(out)["fallbacks"] == []
 
 
