@@ -35,8 +35,8 @@ def nics_per_node(args: argparse.Namespace) -> int:
 
 def add_strict_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
-                   help="exit 2 where the calibration lacks the link class a collective needs (default: price it by "
-                        "another class that has the collective, or as infinite where none has, saying so on stderr)")
+                   help="exit 2 where the calibration lacks the link class a collective needs, instead of saying so "
+                        "on stderr and pricing it by another class's models (as infinite where no class has it)")
 
 
 def report_fallbacks(fallbacks: list[Fallback], calibration: str, strict: bool, say: bool = True) -> list[dict]:
