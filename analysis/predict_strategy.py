@@ -13,7 +13,7 @@ from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from analysis.pricing import Pricer, after_compute
 from analysis.search import Tabulator
-from analysis.search_cmd import fmt_bytes, fmt_s, nics_per_node
+from analysis.search_cmd import fmt_bytes, fmt_s, nics_per_node, report_fallbacks
 from analysis.summary import chain_steps
 from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
@@ -62,11 +62,14 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
     sched = tables.options[0].schedules[c]
     if not sched.feasible:
         raise UsageError(f"strategy {strategy.id} cannot run: {sched.reason}")
+    chain = chain_steps(tables, [c])
     parts = [(where, [_row(st, after, pricer) for st, after in zip(steps, after_compute(steps))])
-             for where, steps in chain_steps(tables, [c])]
+             for where, steps in chain]
     total = sum(r["seconds"] for _, rows in parts for r in rows)
+    fallbacks = pricer.fallbacks(st for _, steps in chain for st in steps)
     out = {"layer": args.layer, "strategy": strategy.id, "mesh": str(mesh), "total_s": total,
-           "memory_bytes": sched.memory_bytes, "steps": [{"where": w, **r} for w, rows in parts for r in rows]}
+           "memory_bytes": sched.memory_bytes, "steps": [{"where": w, **r} for w, rows in parts for r in rows],
+           "fallbacks": report_fallbacks(fallbacks, args.calibration, args.strict)}
     if getattr(args, "json", False):
         print(json.dumps(out, indent=1))
         return 0

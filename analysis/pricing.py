@@ -10,7 +10,7 @@ follows a local computation in its schedule is priced by the calibration's after
 copy rate (before version 3) price no traffic and no copies.
 Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra;
 spread -> inter -> intra (the link actually used is what breakdowns report); an op it lacks on every link
-costs infinity.
+costs infinity. Each such (op, axis) is a Fallback, which the front doors report (and --strict refuses).
 
 Link sharing: all groups of a mesh axis run at once. Where k of them have ranks on one node and the priced
 link leaves the node (inter, spread), they share that node's network link (`nics_per_node` of them), so
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -31,6 +32,25 @@ from microbench.ops import itemsize
 
 FALLBACK = {"intra": ("intra", "spread", "inter"), "inter": ("inter", "spread", "intra"),
             "spread": ("spread", "inter", "intra")}
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A collective whose wanted link class the calibration lacks: `used` prices it instead (None: no class has
+    the op, so it costs infinity). `axis`: the mesh axis (None for a bare `predict --op`)."""
+
+    op: str
+    axis: int | None
+    wanted: str
+    used: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve(calibration, op: str, wanted: str) -> str | None:
+    """The first link class in `wanted`'s fallback order that the calibration has `op` on, or None."""
+    return next((lk for lk in FALLBACK[wanted] if calibration.has(op, lk)), None)
 
 
 class Pricer:
@@ -56,9 +76,16 @@ class Pricer:
         """The calibration link that prices `op` on `axis` (after fallback), or None."""
         key = (op, axis)
         if key not in self._link:
-            want = self.mesh.axes[axis].link
-            self._link[key] = next((lk for lk in FALLBACK[want] if self.cal.has(op, lk)), None)
+            self._link[key] = resolve(self.cal, op, self.mesh.axes[axis].link)
         return self._link[key]
+
+    def fallbacks(self, steps=None) -> list[Fallback]:
+        """Every (op, axis) not priced by its axis's own link class, by axis and op: among the collectives of
+        `steps`, or (None) among all priced so far."""
+        pairs = self._link if steps is None else {(st.op, st.axis) for st in steps
+                                                  if not hasattr(st, "flops") and st.is_comm}
+        found = (Fallback(op, axis, self.mesh.axes[axis].link, self.link(op, axis)) for op, axis in pairs)
+        return sorted((f for f in found if f.used != f.wanted), key=lambda f: (f.axis, f.op))
 
     def seconds(self, op: str, axis: int, size_bytes, after: bool = False) -> np.ndarray:
         """Vectorised seconds of `op` on `axis` for nccl-tests sizes `size_bytes`; `after`: the calls follow a

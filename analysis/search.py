@@ -241,6 +241,6 @@ def coordinate_descent(t: Tables, restarts: int = 8, seed: int = 0, lam: float =
                     choice[i:i + w] = part
                     improved = True
         cost = chain_cost(t, choice, lam)
-        if cost < best_cost:
+        if best is None or cost < best_cost:
             best, best_cost = choice, cost
     return best

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.pricing import Pricer
+from analysis.pricing import Fallback, Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
 from analysis.summary import summarize
 from microbench.errors import UsageError
@@ -32,6 +33,38 @@ def nics_per_node(args: argparse.Namespace) -> int:
     return args.nics_per_node
 
 
+def add_strict_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 where the calibration lacks the link class a collective needs, instead of saying so "
+                        "on stderr and pricing it by another class's models (as infinite where no class has it)")
+
+
+def report_fallbacks(fallbacks: list[Fallback], calibration: str, strict: bool, say: bool = True) -> list[dict]:
+    """The fallbacks as JSON records, after one stderr warning per (wanted, used) pair naming its ops and mesh axes;
+    with `strict`, one UsageError line for them all instead. `say`: print the warnings (rank 0 of a job)."""
+    pairs: dict[tuple[str, str | None], list[Fallback]] = {}
+    for f in fallbacks:
+        pairs.setdefault((f.wanted, f.used), []).append(f)
+    gaps = {(wanted, used): _gap(wanted, used, group) for (wanted, used), group in pairs.items()}
+    if strict and gaps:
+        raise UsageError(f"calibration {calibration} has {' and '.join(gaps.values())}; --strict refuses to fall back")
+    if say:
+        for (_, used), gap in gaps.items():
+            then = f"priced by its {used!r} models" if used else "priced infinite"
+            print(f"commcal: warning: calibration {calibration} has {gap}; {then}", file=sys.stderr, flush=True)
+    return [f.to_dict() for f in fallbacks]
+
+
+def _gap(wanted: str, used: str | None, group: list[Fallback]) -> str:
+    """What the calibration lacks for one (wanted, used) pair, e.g. "no 'inter' model for allgather (mesh axis 0)"."""
+    ops = ", ".join(sorted({f.op for f in group}))
+    axes = sorted({f.axis for f in group if f.axis is not None})
+    where = f"mesh axis {axes[0]}" if len(axes) == 1 else f"mesh axes {', '.join(map(str, axes))}" if axes else ""
+    if used is None:
+        return f"no model for {ops} on any link class ({f'{where} wants' if where else 'wanted'} {wanted!r})"
+    return f"no {wanted!r} model for {ops}" + (f" ({where})" if where else "")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
     p.add_argument("--model", required=True, help="preset or layer spec, e.g. gpt-8.3b, vgg13, "
@@ -43,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cd-window", type=int, default=2, help="layers coordinate descent re-optimises at once "
                    "(1: AutoDDL's one layer at a time)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_strict_argument(p)
 
 
 def fmt_s(s: float) -> str:
@@ -78,11 +112,13 @@ def run(args: argparse.Namespace) -> int:
     if choice is None:
         raise UsageError(f"no strategy assignment fits the memory cap of {args.memory_cap} per device")
     exact_s = time.perf_counter() - t0
+    fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict)
     cd = coordinate_descent(tables, args.restarts, lam=lam, window=args.cd_window)
     out = summarize(tables, choice, pricer, args.top, cap)
     cd_total = chain_cost(tables, cd)
     out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
-               coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0})
+               coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0},
+               fallbacks=fallbacks)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -2,7 +2,9 @@
 layer's SBP strategies for real, check their numerics, time every step, and score the predicted ranking
 against the measured one. DIR gets strategies.parquet/.csv (predicted beside measured, one row per layer and
 strategy), steps.parquet/.csv (every step), summary.json (metrics with 95% CIs, per layer and overall,
-end to end and communication only) and run.json (provenance): the format reports/validation_view.py reads."""
+end to end and communication only; the link classes priced by another's models) and run.json (provenance): the
+format reports/validation_view.py reads. A collective that no link class of the calibration has a model for is
+refused: its prediction would be infinite."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 
 from analysis.layers import Compute, Layer, Schedule
 from analysis.models import parse_model
+from analysis.search_cmd import add_strict_argument
 from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
 from microbench.stats import StopRule
@@ -71,6 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=3, help="k of the top-k overlap metric")
     p.add_argument("--seed", type=int, default=0, help="seed of data, strategy sample and bootstrap")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+    add_strict_argument(p)
 
 
 @dataclass(frozen=True)
@@ -117,15 +121,15 @@ def check_feasible(name: str, opts, mesh_text: str) -> None:
                              f"{sched.reason}")
 
 
-def check_links(name: str, schedules: list[Schedule], mesh, cal) -> None:
-    """Every collective must be priced by its own link class: a validation never falls back."""
+def check_links(name: str, schedules: list[Schedule], pricer) -> None:
+    """Every collective must have a model on some link class: a validation cannot score an infinite prediction."""
     for sched in schedules:
         for st in sched.steps:
-            if not isinstance(st, Compute) and st.is_comm and not cal.has(st.op, mesh.axes[st.axis].link):
-                raise UsageError(f"calibration {cal.path} has no {st.op} model for link class "
-                                 f"'{mesh.axes[st.axis].link}' (mesh axis {st.axis}, {st.group_size} ranks), needed "
-                                 f"by layer {name} strategy {sched.strategy.id}; sweep with --links "
-                                 f"{mesh.axes[st.axis].link}")
+            if not isinstance(st, Compute) and st.is_comm and pricer.link(st.op, st.axis) is None:
+                link = pricer.mesh.axes[st.axis].link
+                raise UsageError(f"calibration {pricer.cal.path} has no {st.op} model on any link class (mesh axis "
+                                 f"{st.axis} wants '{link}', {st.group_size} ranks), needed by layer {name} strategy "
+                                 f"{sched.strategy.id}; sweep with --links {link}")
 
 
 def choose(total_s: np.ndarray, most: int, seed: int) -> list[tuple[int, str]]:

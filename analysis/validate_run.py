@@ -16,7 +16,7 @@ from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
 from analysis.pricing import Pricer, after_compute
-from analysis.search_cmd import nics_per_node
+from analysis.search_cmd import nics_per_node, report_fallbacks
 from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose, contenders
 from microbench import memcopy, provenance
@@ -38,11 +38,12 @@ def main(args, cfg, layers, cal) -> int:
     for name, layer in layers:
         opts = tab.options(layer, True)
         check_feasible(name, opts, "x".join(map(str, mesh.shape)))
-        check_links(name, opts.schedules, mesh, cal)
+        check_links(name, opts.schedules, pricer)
         work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
     if cal.backend != args.backend:
         raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "
                          f"--backend {args.backend} needs a calibration of the same backend")
+    fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict, world.rank == 0)
     backend = backend_for(args.backend, world, hosts)
     coll = Collectives(world, mesh, coord, backend)
     runner = Runner(mesh, coord, coll, backend.xp)
@@ -85,7 +86,8 @@ def main(args, cfg, layers, cal) -> int:
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
-               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2)})
+               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2)},
+               fallbacks)
     return 0
 
 
@@ -136,9 +138,10 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     return out
 
 
-def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict, host: dict) -> None:
+def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal, steal: dict, host: dict,
+           fallbacks: list[dict]) -> None:
     """The tables, summary.json and run.json (rank 0); `host`: allocator, page_policy and memcpy_alias_slowdown for
-    the summary."""
+    the summary; `fallbacks`: report_fallbacks' records."""
     out = args.out
     frame["accuracy"] = 1 - (frame["predicted_s"] - frame["measured_s"]).abs() / frame["measured_s"]
     comm = frame["measured_comm_s"].where(frame["comm_steps"] > 0)
@@ -159,7 +162,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
         **host,
         "refine": {"rounds": cfg.refine_rounds, "margin": cfg.refine_margin, "strategies": int(frame["refined"].sum())},
-        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal,
+        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal, "fallbacks": fallbacks,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
@@ -168,6 +171,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",
                   "page_policy: huge-page advice of the harness's numpy arrays (validate --page-policy)",
+                  "fallbacks: collectives priced by another link class's models than their mesh axis's (wanted), "
+                  "which the calibration lacks",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

@@ -24,8 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "model where it has one (commcal fit --after-compute)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from analysis.predict_strategy import add_arguments as add_strategy_arguments
+    from analysis.search_cmd import add_strict_argument
 
     add_strategy_arguments(p)
+    add_strict_argument(p)
 
 
 def _time(s: float) -> str:
@@ -47,11 +49,19 @@ def run(args: argparse.Namespace) -> int:
     nbytes = parse_size(args.bytes)
     if args.after_compute and not cal.after_gemm:
         raise UsageError(f"{args.calibration} has no after-compute models (fit with --after-compute RUN_DIR)")
-    pred = cal.predict(args.op, args.link, args.procs, nbytes, args.after_compute)
+    from analysis.pricing import Fallback, resolve
+    from analysis.search_cmd import report_fallbacks
+
+    link = resolve(cal, args.op, args.link) or args.link        # absent everywhere: predict names what it has
+    pred = cal.predict(args.op, link, args.procs, nbytes, args.after_compute)
+    fallbacks = [Fallback(args.op, None, args.link, link)] if link != args.link else []
+    fallbacks = report_fallbacks(fallbacks, args.calibration, args.strict)
     if args.json:
-        print(json.dumps({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict()}))
+        print(json.dumps({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict(),
+                          "fallbacks": fallbacks}))
         return 0
-    print(f"{args.op} on {args.link}, p={args.procs}, {format_size(nbytes)}B: {_time(pred.seconds)} "
+    via = f" (by its {link} model)" if link != args.link else ""
+    print(f"{args.op} on {args.link}{via}, p={args.procs}, {format_size(nbytes)}B: {_time(pred.seconds)} "
           f"(95% interval {_time(pred.low_s)} .. {_time(pred.high_s)}; {pred.model} model)")
     if pred.note:
         print(f"note: {pred.note}")

@@ -48,6 +48,16 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, check: bool = False, 
     return proc
 
 
+def run_main(capsys, args: list[str]) -> tuple[int, str, str]:
+    """`commcal ARGS` in this process (the dispatcher itself; run_cli covers the console path): (exit code,
+    stdout, stderr)."""
+    from microbench.cli import main
+
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def run_cli(args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run `commcal ARGS` as one plain process."""
     return subprocess.run([*commcal_argv(), *args], env=kw.pop("env", None) or mpi_env(), cwd=REPO,

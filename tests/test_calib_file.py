@@ -14,8 +14,7 @@ import pytest
 from calib.calibration import VERSION, calibration_from_dict, json_schema, load_calibration
 from calib.synthetic import Segment, TrueModel, synthetic_calibration, write_synthetic_run
 from microbench.errors import UsageError
-from microbench.cli import main
-from conftest import run_cli
+from conftest import run_cli, run_main
 
 ALPHA, BETA = 5e-6, 2e-9
 
@@ -126,23 +125,23 @@ def run_dir(tmp_path_factory):
 
 def test_fit_predict_table_end_to_end(run_dir, tmp_path, capsys):
     out = tmp_path / "cal.json"
-    code, stdout, err = _cli(capsys, ["fit", str(run_dir), "--out", str(out)])
+    code, stdout, err = run_main(capsys, ["fit", str(run_dir), "--out", str(out)])
     assert code == 0, err
     assert "allreduce" in stdout and "pingpong" in stdout
     data = json.loads(out.read_text())
     jsonschema.validate(data, json_schema())
     assert data["provenance"]["runs"][0]["machine"] == "synthetic"
     predict = ["predict", str(out), "--op", "allreduce", "--link", "inter", "--procs", "8", "--bytes", "64M"]
-    code, stdout, err = _cli(capsys, [*predict, "--json"])
+    code, stdout, err = run_main(capsys, [*predict, "--json"])
     assert code == 0, err
     pred = json.loads(stdout)
     assert pred["extrapolated"] and pred["low_s"] < pred["seconds"] < pred["high_s"]
     assert pred["seconds"] == pytest.approx(14 * 20e-6 + 14 / 8 * 2 ** 26 * 1e-9, rel=0.03)
     proc = run_cli(predict)
     assert proc.returncode == 0 and "extrapolated" in proc.stdout and "ms" in proc.stdout
-    code, md, _ = _cli(capsys, ["table", str(out)])
+    code, md, _ = run_main(capsys, ["table", str(out)])
     assert code == 0 and "| allreduce | inter | 2,4 | ring |" in md and "GEMM" in md
-    code, csv, _ = _cli(capsys, ["table", str(out), "--format", "csv"])
+    code, csv, _ = run_main(capsys, ["table", str(out), "--format", "csv"])
     assert code == 0 and csv.splitlines()[0].startswith("table,op,link,procs")
     assert len(csv.splitlines()) == 1 + 2 + 2    # header, two models, Hockney p=2 and p=4
 
@@ -150,26 +149,19 @@ def test_fit_predict_table_end_to_end(run_dir, tmp_path, capsys):
 def test_fit_reads_a_run_killed_before_consolidation(tmp_path, capsys):
     run = write_synthetic_run(tmp_path / "r", {("allreduce", "inter"): (20e-6, 1e-9)}, {"inter": [2]},
                               consolidate=False)
-    assert _cli(capsys, ["fit", str(run), "--out", str(tmp_path / "c.json")])[0] == 0
-
-
-def _cli(capsys, args):
-    """`commcal ARGS` in this process (the dispatcher itself; run_cli covers the console path)."""
-    code = main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
+    assert run_main(capsys, ["fit", str(run), "--out", str(tmp_path / "c.json")])[0] == 0
 
 
 def _expect_usage_error(capsys, args, fragment):
-    code, out, err = _cli(capsys, args)
+    code, out, err = run_main(capsys, args)
     assert code == 2, out + err
     assert fragment in err and err.count("\n") == 1
 
 
 def test_unknown_options_and_bad_choices_are_one_line_with_the_prefix_once(tmp_path, capsys):
-    code, _, err = _cli(capsys, ["table", str(tmp_path / "c.json"), "--bogus"])
+    code, _, err = run_main(capsys, ["table", str(tmp_path / "c.json"), "--bogus"])
     assert code == 2 and err == "commcal: error: unrecognized arguments: --bogus\n"
-    code, _, err = _cli(capsys, ["fit", str(tmp_path), "--out", "c.json", "--method", "ols"])
+    code, _, err = run_main(capsys, ["fit", str(tmp_path), "--out", "c.json", "--method", "ols"])
     assert code == 2 and err.startswith("commcal: error: commcal fit: argument --method: invalid choice: 'ols'")
 
 
@@ -212,7 +204,7 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     after = write_synthetic_run(tmp_path / "after", {("allreduce", "intra"): (84e-6, 3e-10)}, {"intra": [2, 4]},
                                 seed=2, run_id="after", options=cold | {"after_gemm": 384})
     out = tmp_path / "cal.json"
-    code, stdout, err = _cli(capsys, ["fit", str(plain), "--after-compute", str(after), "--out", str(out)])
+    code, stdout, err = run_main(capsys, ["fit", str(plain), "--after-compute", str(after), "--out", str(out)])
     assert code == 0, err
     assert "after compute (384x384 GEMM before each call):" in stdout and "and 1 after-compute models" in stdout
     data = json.loads(out.read_text())
@@ -229,16 +221,16 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     assert cal.predict_seconds("allgather", "intra", 4, n, True) == pytest.approx(
         cal.predict_seconds("allgather", "intra", 4, n))
     predict = ["predict", str(out), "--op", "allreduce", "--link", "intra", "--procs", "4", "--bytes", "1K", "--json"]
-    code, stdout, err = _cli(capsys, [*predict, "--after-compute"])
+    code, stdout, err = run_main(capsys, [*predict, "--after-compute"])
     assert code == 0, err
     got = json.loads(stdout)
     assert "after-compute model" in got["note"] and got["seconds"] == pytest.approx(
         float(cal.predict_seconds("allreduce", "intra", 4, [1024], True)[0]))
-    assert "after-compute" not in json.loads(_cli(capsys, predict)[1])["note"]
+    assert "after-compute" not in json.loads(run_main(capsys, predict)[1])["note"]
     assert "no after-compute model for allgather" in cal.predict("allgather", "intra", 4, 1024, True).note
-    code, md, _ = _cli(capsys, ["table", str(out)])
+    code, md, _ = run_main(capsys, ["table", str(out)])
     assert code == 0 and "## Collective models after a local computation (sweeps with a 384x384 GEMM" in md
-    code, csv, _ = _cli(capsys, ["table", str(out), "--format", "csv"])
+    code, csv, _ = run_main(capsys, ["table", str(out), "--format", "csv"])
     tables = [line.split(",")[:3] for line in csv.splitlines()[1:]]
     assert ["after_compute", "allreduce", "intra"] in tables and ["model", "allgather", "intra"] in tables
     assert not any(t[0] == "after_compute" and t[1] == "allgather" for t in tables)
@@ -250,7 +242,7 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     _expect_usage_error(capsys, [*fit, "--after-compute", str(after), "--after-compute", str(warm)],
                         "runs mix cold and warm buffers")
     assert not (tmp_path / "c.json").exists()
-    code, _, err = _cli(capsys, ["fit", str(plain), "--out", str(tmp_path / "c.json")])
+    code, _, err = run_main(capsys, ["fit", str(plain), "--out", str(tmp_path / "c.json")])
     assert code == 0, err
     _expect_usage_error(capsys, ["predict", str(tmp_path / "c.json"), "--op", "allreduce", "--link", "intra",
                                  "--procs", "4", "--bytes", "1K", "--after-compute"], "has no after-compute models")

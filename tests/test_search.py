@@ -1,7 +1,9 @@
-"""Chain search: DP equals brute force, coordinate descent never beats it, memory cap, CLI errors."""
+"""Chain search: DP equals brute force, coordinate descent never beats it, memory cap, CLI errors, and link classes
+that the calibration lacks: one stderr line per (wanted, used) pair, a JSON record each, exit 2 under --strict."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -10,12 +12,12 @@ import pytest
 
 from analysis.mesh import Mesh
 from analysis.models import parse_model
-from analysis.pricing import Pricer
+from analysis.pricing import Fallback, Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, dp, evaluate_many, memory_of, optimum
-from calib.calibration import calibration_from_dict
+from calib.calibration import calibration_from_dict, load_calibration
 from calib.synthetic import synthetic_calibration
 from microbench.errors import UsageError
-from conftest import run_cli
+from conftest import run_cli, run_main
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 
@@ -24,6 +26,14 @@ def cal_dict():
     models = {(op, link): (a, 1 / bw) for op in OPS
               for link, a, bw in (("intra", 5e-6, 100e9), ("inter", 20e-6, 12e9), ("spread", 25e-6, 10e9))}
     return synthetic_calibration(models, gemm={"float32": 1e13, "float64": 5e12})
+
+
+def intra_only(path, ops=OPS) -> str:
+    """A calibration file with intra-node models of `ops` only."""
+    path.write_text(json.dumps(synthetic_calibration({(op, "intra"): (5e-6, 1e-11) for op in ops},
+                                                     gemm={"float32": 1e13})))
+    return str(path)
+
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +65,11 @@ def test_memory_cap_is_met(tables):
 def test_search_cli_json_and_errors(tmp_path):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(cal_dict()))
-    ok = run_cli(["search", str(cal), "--model", "vgg13", "--mesh", "2x2", "--json", "--top", "2"], timeout=120)
-    assert ok.returncode == 0, ok.stderr
+    ok = run_cli(["search", str(cal), "--model", "vgg13", "--mesh", "2x2", "--json", "--top", "2", "--strict"],
+                 timeout=120)
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr        # every class the mesh needs: no fallback
     out = json.loads(ok.stdout)
+    assert out["fallbacks"] == []
     assert out["total_s"] > 0 and out["total_s"] == pytest.approx(out["compute_s"] + out["comm_s"], rel=1e-9)
     assert {r["layer"] for r in out["layers"]} >= {"fc1", "fc2", "fc3"}
     for args, words in ((["--model", "vgg13", "--mesh", "2x4", "--devices", "6"], "devices"),
@@ -92,3 +104,97 @@ def test_predict_layer_strategy_cli_prints_plan_and_cost(tmp_path):
     assert out["total_s"] > 0
     proc = run_cli(["predict", str(cal), "--op", "allreduce"])
     assert proc.returncode == 2 and "predict needs --link, --procs, --bytes" in proc.stderr
+
+
+def test_pricer_records_fallbacks_as_frozen_values(tmp_path):
+    """Mesh 2x4 on an intra-only calibration without alltoall: axis 0 (inter) takes the intra models, alltoall
+    has none anywhere (None, priced infinite); only the pairs of the given steps where steps are given."""
+    pricer = Pricer(load_calibration(intra_only(tmp_path / "c.json", OPS[:3])), Mesh((2, 4), 4))
+    tables = Tabulator(pricer).tables(parse_model("mlp:batch=64,d_in=64,d_hidden=256"))
+    found = pricer.fallbacks()
+    assert found == sorted(found, key=lambda f: (f.axis, f.op)) and len(set(found)) == len(found)
+    assert set(found) == {Fallback(op, 0, "inter", "intra") for op in OPS[:3]} | {
+        Fallback("alltoall", 0, "inter", None), Fallback("alltoall", 1, "intra", None)}
+    assert found[0].to_dict() == {"op": "allgather", "axis": 0, "wanted": "inter", "used": "intra"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        found[0].used = "inter"
+    fc1 = tables.options[0]
+    assert pricer.fallbacks(fc1.schedules[[s.id for s in fc1.strategies].index("-.-")].steps) == []
+    full = Pricer(calibration_from_dict(cal_dict()), Mesh((2, 4), 4))
+    Tabulator(full).tables(parse_model("mlp:batch=64,d_in=64,d_hidden=256"))
+    assert full.fallbacks() == []
+
+
+def test_search_says_each_fallback_once_records_it_and_strict_refuses(tmp_path, capsys):
+    cal = intra_only(tmp_path / "intra.json")
+    args = ["search", cal, "--model", "vgg13", "--mesh", "2x4", "--json"]
+    code, out, err = run_main(capsys, args)
+    assert code == 0, err
+    out = json.loads(out)
+    ops = sorted({f["op"] for f in out["fallbacks"]})
+    assert "allreduce" in ops and len(ops) == len(out["fallbacks"])
+    assert all(f == {"op": f["op"], "axis": 0, "wanted": "inter", "used": "intra"} for f in out["fallbacks"])
+    assert err == (f"commcal: warning: calibration {cal} has no 'inter' model for {', '.join(ops)} (mesh axis 0); "
+                   "priced by its 'intra' models\n")
+    assert all(key.endswith("/intra") for key in out["comm_by_collective"])
+    code, out, err = run_main(capsys, [*args, "--strict"])
+    assert code == 2 and out == ""
+    assert err == (f"commcal: error: calibration {cal} has no 'inter' model for {', '.join(ops)} (mesh axis 0); "
+                   "--strict refuses to fall back\n")
+
+
+def test_search_says_which_collectives_no_link_class_prices(tmp_path, capsys):
+    cal = intra_only(tmp_path / "no-alltoall.json", OPS[:3])
+    code, out, err = run_main(capsys, ["search", cal, "--model", "mlp:batch=64,d_in=64,d_hidden=256", "--mesh", "2x4",
+                                   "--json"])
+    assert code == 0, err
+    assert err.splitlines() == [
+        f"commcal: warning: calibration {cal} has no 'inter' model for allgather, allreduce, reduce_scatter "
+        "(mesh axis 0); priced by its 'intra' models",
+        f"commcal: warning: calibration {cal} has no model for alltoall on any link class (mesh axis 0 wants "
+        "'inter'); priced infinite",
+        f"commcal: warning: calibration {cal} has no model for alltoall on any link class (mesh axis 1 wants "
+        "'intra'); priced infinite"]
+    out = json.loads(out)
+    assert {"op": "alltoall", "axis": 1, "wanted": "intra", "used": None} in out["fallbacks"]
+    assert np.isfinite(out["total_s"]) and not any(k.startswith("alltoall") for k in out["comm_by_collective"])
+
+
+def test_predict_says_its_fallback_and_strict_refuses(tmp_path, capsys):
+    """predict --op and --layer: the link class asked for (or the mesh axis's) is absent, intra prices it; a layer
+    strategy reports only its own collectives' fallbacks; --strict is one line, exit 2, nothing printed."""
+    cal = intra_only(tmp_path / "intra.json")
+    op = ["predict", cal, "--op", "allreduce", "--link", "inter", "--procs", "2", "--bytes", "1M", "--json"]
+    code, out, err = run_main(capsys, op)
+    assert code == 0 and json.loads(out)["link"] == "intra"
+    assert json.loads(out)["fallbacks"] == [{"op": "allreduce", "axis": None, "wanted": "inter", "used": "intra"}]
+    assert err == (f"commcal: warning: calibration {cal} has no 'inter' model for allreduce; priced by its 'intra' "
+                   "models\n")
+    layer = ["predict", cal, "--layer", "linear:m=64,k=128,n=256", "--mesh", "2", "--ranks-per-node", "1", "--json"]
+    code, out, err = run_main(capsys, [*layer, "--strategy", "m"])           # data parallel: one gradient allreduce
+    assert code == 0 and [s["priced_link"] for s in json.loads(out)["steps"] if s["kind"] == "comm"] == ["intra"]
+    assert json.loads(out)["fallbacks"] == [{"op": "allreduce", "axis": 0, "wanted": "inter", "used": "intra"}]
+    assert err == (f"commcal: warning: calibration {cal} has no 'inter' model for allreduce (mesh axis 0); "
+                   "priced by its 'intra' models\n")
+    code, out, err = run_main(capsys, [*layer, "--strategy", "-"])            # replicated: no collective, no fallback
+    assert code == 0 and err == "" and json.loads(out)["fallbacks"] == []
+    for args in (op, [*layer, "--strategy", "m"]):
+        code, out, err = run_main(capsys, [*args, "--strict"])
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert err.startswith(f"commcal: error: calibration {cal} has no 'inter' model for allreduce")
+        assert err.endswith("; --strict refuses to fall back\n")
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps(cal_dict()))
+    code, out, err = run_main(capsys, ["predict", str(full), *layer[2:], "--strategy", "m", "--strict"])
+    assert code == 0 and err == "" and json.loads(out)["fallbacks"] == []
+
+
+def test_coordinate_descent_returns_a_choice_where_every_start_is_infinite(tmp_path):
+    """No collective has a model: only the replicated chain is finite, and descent from the starts may never reach
+    it; it still returns its best (infinite) assignment rather than nothing."""
+    data = synthetic_calibration({("pingpong", "intra"): (5e-6, 1e-11)}, gemm={"float32": 1e13})
+    tables = Tabulator(Pricer(calibration_from_dict(data), Mesh((2, 4), 4))).tables(
+        parse_model("transformer:d=256,heads=4,seq=64,batch=4"))
+    assert np.isfinite(dp(tables)[1])
+    cd = coordinate_descent(tables, restarts=2)
+    assert cd is not None and chain_cost(tables, cd) >= dp(tables)[1]

@@ -1,6 +1,7 @@
 """`commcal validate` on real mpirun jobs: every strategy of matmul (linear), MLP and embedding runs with
 correct numerics at 2 and 4 ranks (meshes 2, 2x2, 4), the directory is what reports/validation_view.py
-reads, bad input is one line with exit 2, and analysis.bench_validate runs its control mesh."""
+reads, a link class the calibration lacks is one warning and a summary record (--strict: bad input), bad input is
+one line with exit 2, and analysis.bench_validate runs its control mesh."""
 
 import json
 import shlex
@@ -82,6 +83,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
     assert summary["allocator"] == "cache" and summary["memcpy_alias_slowdown"] > 0
     assert summary["page_policy"] == "hugepage"
+    assert summary["fallbacks"] == [] and "commcal: warning" not in proc.stderr     # the calibration has intra
     s = val.strategies
     near = (s["predicted_s"] <= s["predicted_s"].min() * 1.1) | ((s["comm_steps"] > 0) & (
         s["predicted_comm_s"] <= s.loc[s["comm_steps"] > 0, "predicted_comm_s"].min() * 1.1))
@@ -112,7 +114,7 @@ def test_directory_is_what_the_report_reads(tmp_path):
 @pytest.mark.parametrize("ranks,args,says", [
     (2, ["--mesh", "2x2", "--layer", "linear:m=8,k=8,n=8"], "has 4 devices"),
     (2, ["--mesh", "2", "--layer", "linear:m=3,k=8,n=8"], "not divisible by 2"),
-    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--inter-only"], "link class 'intra'"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--inter-only", "--strict"], "no 'intra' model for"),
     (2, ["--mesh", "2", "--layer", "bogus"], "unknown model or layer"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--refine-rounds", "-1"], "--refine-rounds >= 0"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--backend", "nccl"], "needs a calibration of the same backend"),
@@ -127,6 +129,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()
+
+
+def test_a_missing_link_class_is_one_warning_and_recorded_in_the_summary(tmp_path):
+    """One node (mesh axis 0 wants intra) and a calibration of inter only: inter prices it, stderr says so once,
+    summary.json records each collective; the --strict refusal is in test_bad_input_is_one_line_and_exit_2."""
+    cal, out = calibration(tmp_path / "cal.json", ("inter",)), tmp_path / "val"
+    proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST],
+                   check=True)
+    fallbacks = json.loads((out / "summary.json").read_text())["fallbacks"]
+    ops = sorted({f["op"] for f in fallbacks})
+    assert "allreduce" in ops and len(ops) == len(fallbacks)
+    assert all(f == {"op": f["op"], "axis": 0, "wanted": "intra", "used": "inter"} for f in fallbacks)
+    assert [l for l in proc.stderr.splitlines() if l.startswith("commcal:")] == [
+        f"commcal: warning: calibration {cal} has no 'intra' model for {', '.join(ops)} (mesh axis 0); priced by "
+        "its 'inter' models"]
 
 
 def test_bench_validate_scores_repeats_on_a_control_mesh_and_names_a_failed_step(tmp_path):
