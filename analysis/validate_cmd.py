@@ -16,6 +16,7 @@ import numpy as np
 from analysis.layers import Compute, Layer, Schedule
 from analysis.models import parse_model
 from analysis.search_cmd import add_strict_argument
+from microbench.backends import BACKENDS
 from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
 from microbench.stats import StopRule
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES)
-    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), default="mpi",
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
                    help="mpi: numpy buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL "
                         "(the calibration must come from a sweep with the same backend)")
     p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")

@@ -21,9 +21,9 @@ from analysis.search import Tabulator
 from analysis.validate_cmd import check_feasible, check_links, choose, contenders
 from microbench import memcopy, provenance
 from microbench.errors import UsageError
-from microbench.sweep_cmd import backend_for, set_page_policy
+from microbench.backends import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
-from microbench.buffers import keep_freed_memory
+from microbench.buffers import keep_freed_memory, set_page_policy
 
 
 def main(args, cfg, layers, cal) -> int:

@@ -248,3 +248,15 @@ class NcclTimer:
 
 BACKENDS = {"mpi": MpiBackend, "mpi-cuda": CudaMpiBackend, "nccl": NcclBackend}
 GPU_GEMM_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def backend_for(name: str, world, hosts: list[str]):
+    """The backend every rank agrees on; a rank that cannot set it up fails the whole job with its reason."""
+    try:
+        backend, error = BACKENDS[name](world, hosts), None
+    except UsageError as exc:
+        backend, error = None, str(exc)
+    errors = [e for e in world.allgather(error) if e]
+    if errors:
+        raise UsageError(errors[0])
+    return backend

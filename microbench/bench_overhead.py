@@ -21,7 +21,7 @@ from microbench.backends import MpiBackend
 from microbench.driver import PythonTimer, make_timer, measure_collective
 from microbench.ops import COMM_DTYPE, OPS, itemsize
 from microbench.stats import StopRule, estimate
-from microbench.sweep_cmd import set_page_policy
+from microbench.buffers import set_page_policy
 
 REF_SOURCE = Path(__file__).with_name("ref_loop.c")
 

@@ -2,7 +2,7 @@
 back-to-back calls runs from cache. Cold: copies of the pair filling a pool larger than a CPU's last-level
 cache or a GPU's L2, which iterations rotate through, so each call starts with its buffers out of cache,
 as a collective between compute steps of training does (and as the validation harness measures it). Also how
-the harness's freshly allocated arrays get their memory (keep_freed_memory)."""
+the harness's freshly allocated arrays get their memory (keep_freed_memory) and pages (set_page_policy)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CACHE_MODES = ("cold", "warm")
+PAGE_POLICIES = ("hugepage", "nohugepage", "numpy-default")
 POOL_BYTES = 64 << 20
 ALIGN = 4096
 """Slots start on page boundaries, as large single buffers do."""
@@ -106,3 +107,18 @@ class Pool:
         for arr, at in parts:
             rows[:, at:at + arr.nbytes] = arr.reshape(-1).view(self.xp.uint8)
         return Slots(_view(mem, send, send_at), _view(mem, recv, recv_at), count, stride, mem, send_at, recv_at)
+
+
+def set_page_policy(policy: str) -> str:
+    """Apply numpy's huge-page advice for new buffers; returns what is in force."""
+    import numpy as np
+
+    setter = getattr(getattr(np, "_core", np.core).multiarray, "_set_madvise_hugepage", None)
+    if setter is None:
+        return "numpy-default (numpy has no switch)"
+    if policy == "numpy-default":
+        previous = setter(True)
+        setter(previous)
+        return f"numpy-default ({'hugepage' if previous else 'nohugepage'})"
+    setter(policy == "hugepage")
+    return policy

@@ -122,7 +122,7 @@ def conditions(options: dict) -> dict:
 
 
 def page_advice(policy: str | None) -> str | None:
-    """'hugepage' or 'nohugepage', the advice a run.json's page_policy (sweep_cmd.set_page_policy's answer) put
+    """'hugepage' or 'nohugepage', the advice a run.json's page_policy (buffers.set_page_policy's answer) put
     in force on numpy's buffers; None when it does not say."""
     for advice in ("nohugepage", "hugepage"):
         if policy in (advice, f"numpy-default ({advice})"):

@@ -7,7 +7,8 @@ import os
 import sys
 
 from microbench import records
-from microbench.buffers import CACHE_MODES
+from microbench.backends import BACKENDS, backend_for
+from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
 from microbench.ops import parse_ops
 from microbench.sizes import parse_sizes
@@ -16,7 +17,6 @@ from microbench.topology import parse_links, parse_procs
 
 QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", target_ci=0.05, point_budget=0.25, min_samples=10,
              gemm_sizes="64K,1M")
-PAGE_POLICIES = ("hugepage", "nohugepage", "numpy-default")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "training) instead of one group while the other ranks wait")
     p.add_argument("--quick", action="store_true", help="a preset that finishes in under a minute on 2 local ranks")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
-    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), default="mpi",
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
                    help="mpi: host buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL")
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
                    help="timing loop: compiled (built with mpicc) or Python; auto prefers compiled")
@@ -135,21 +135,6 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
                              f"{show(now[name])}; its points would not pool with these")
 
 
-def set_page_policy(policy: str) -> str:
-    """Apply numpy's huge-page advice for new buffers; returns what is in force."""
-    import numpy as np
-
-    setter = getattr(getattr(np, "_core", np.core).multiarray, "_set_madvise_hugepage", None)
-    if setter is None:
-        return "numpy-default (numpy has no switch)"
-    if policy == "numpy-default":
-        previous = setter(True)
-        setter(previous)
-        return f"numpy-default ({'hugepage' if previous else 'nohugepage'})"
-    setter(policy == "hugepage")
-    return policy
-
-
 def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
@@ -226,18 +211,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"commcal: error: {wrong} wrong result elements (see the 'wrong' column of {args.out}/summary.csv)",
                   file=sys.stderr, flush=True)
     return 1 if wrong else 0
-
-
-def backend_for(name: str, world, hosts: list[str]):
-    """The backend every rank agrees on; a rank that cannot set it up fails the whole job with its reason."""
-
-    from microbench.backends import BACKENDS
-
-    try:
-        backend, error = BACKENDS[name](world, hosts), None
-    except UsageError as exc:
-        backend, error = None, str(exc)
-    errors = [e for e in world.allgather(error) if e]
-    if errors:
-        raise UsageError(errors[0])
-    return backend
