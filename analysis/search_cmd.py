@@ -6,70 +6,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.pricing import Fallback, Pricer
+from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s, nics_per_node, report_fallbacks
+from analysis.pricing import Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
 from analysis.summary import summarize
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
 from microbench.sizes import parse_size
-
-
-def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mesh", required=True, help="device mesh axis sizes, e.g. 2x4 (nodes x ranks per node) or 2x2x2")
-    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
-    p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
-    p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
-    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
-
-
-def nics_per_node(args: argparse.Namespace) -> int:
-    if args.nics_per_node < 1:
-        raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
-    return args.nics_per_node
-
-
-def add_strict_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strict", action="store_true",
-                   help="exit 2 where the calibration lacks the link class a collective needs, instead of saying so "
-                        "on stderr and pricing it by another class's models (as infinite where no class has it)")
-
-
-def report_fallbacks(fallbacks: list[Fallback], calibration: str, strict: bool, say: bool = True) -> list[dict]:
-    """The fallbacks as JSON records, after one stderr warning per (wanted, used) pair naming its ops and mesh axes;
-    with `strict`, one UsageError line for them all instead. `say`: print the warnings (rank 0 of a job)."""
-    pairs: dict[tuple[str, str | None], list[Fallback]] = {}
-    for f in fallbacks:
-        pairs.setdefault((f.wanted, f.used), []).append(f)
-    gaps = {(wanted, used): _gap(wanted, used, group) for (wanted, used), group in pairs.items()}
-    if strict and gaps:
-        raise UsageError(f"calibration {calibration} has {' and '.join(gaps.values())}; --strict refuses to fall back")
-    if say:
-        for (_, used), gap in gaps.items():
-            then = f"priced by its {used!r} models" if used else "priced infinite"
-            print(f"commcal: warning: calibration {calibration} has {gap}; {then}", file=sys.stderr, flush=True)
-    return [f.to_dict() for f in fallbacks]
-
-
-def _gap(wanted: str, used: str | None, group: list[Fallback]) -> str:
-    """What the calibration lacks for one (wanted, used) pair, e.g. "no 'inter' model for allgather (mesh axis 0)"."""
-    ops = ", ".join(sorted({f.op for f in group}))
-    axes = sorted({f.axis for f in group if f.axis is not None})
-    where = f"mesh axis {axes[0]}" if len(axes) == 1 else f"mesh axes {', '.join(map(str, axes))}" if axes else ""
-    if used is None:
-        return f"no model for {ops} on any link class ({f'{where} wants' if where else 'wanted'} {wanted!r})"
-    return f"no {wanted!r} model for {ops}" + (f" ({where})" if where else "")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
     p.add_argument("--model", required=True, help="preset or layer spec, e.g. gpt-8.3b, vgg13, "
                    "transformer:d=8192,heads=64,layers=96, linear:m=4096,k=8192,n=8192")
-    add_mesh_arguments(p)
+    add_mesh_arguments(p, "device mesh axis sizes, e.g. 2x4 (nodes x ranks per node) or 2x2x2", required=True)
     p.add_argument("--memory-cap", default=None, help="bytes per device, e.g. 80G (binary units)")
     p.add_argument("--top", type=int, default=3, help="runners-up shown per layer")
     p.add_argument("--restarts", type=int, default=8, help="coordinate-descent random restarts")
@@ -77,20 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(1: AutoDDL's one layer at a time)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_strict_argument(p)
-
-
-def fmt_s(s: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.4g} {unit}"
-    return f"{s * 1e9:.4g} ns"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n:.0f} B"
 
 
 def run(args: argparse.Namespace) -> int:

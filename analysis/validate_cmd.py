@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-import numpy as np
-
-from analysis.layers import Compute, Layer, Schedule
+from analysis.layers import Layer
 from analysis.models import parse_model
-from analysis.search_cmd import add_strict_argument
+from analysis.options import add_nics_argument, add_strict_argument
 from microbench.backends import BACKENDS
 from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
@@ -41,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
                    help="mpi: numpy buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL "
                         "(the calibration must come from a sweep with the same backend)")
-    p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
+    add_nics_argument(p)
     p.add_argument("--quick", action="store_true",
                    help=f"small default layers ({' '.join(QUICK_LAYERS)}), loose target, short budget")
     p.add_argument("--target-ci", type=float, default=None, help="stop when the median's 95%% CI is within "
@@ -113,46 +111,6 @@ def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
             seen[name] = seen.get(name, 0) + 1
             out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", layer))
     return out
-
-
-def check_feasible(name: str, opts, mesh_text: str) -> None:
-    for sched in opts.schedules:
-        if not sched.feasible:
-            raise UsageError(f"layer {name} cannot run strategy {sched.strategy.id} on mesh {mesh_text}: "
-                             f"{sched.reason}")
-
-
-def check_links(name: str, schedules: list[Schedule], pricer) -> None:
-    """Every collective must have a model on some link class: a validation cannot score an infinite prediction."""
-    for sched in schedules:
-        for st in sched.steps:
-            if not isinstance(st, Compute) and st.is_comm and pricer.link(st.op, st.axis) is None:
-                link = pricer.mesh.axes[st.axis].link
-                raise UsageError(f"calibration {pricer.cal.path} has no {st.op} model on any link class (mesh axis "
-                                 f"{st.axis} wants '{link}', {st.group_size} ranks), needed by layer {name} strategy "
-                                 f"{sched.strategy.id}; sweep with --links {link}")
-
-
-def choose(total_s: np.ndarray, most: int, seed: int) -> list[tuple[int, str]]:
-    """(strategy index, why): all, or the predicted top half of `most` plus a seeded sample of the rest."""
-    n = len(total_s)
-    if n <= most:
-        return [(i, "all") for i in range(n)]
-    order = np.argsort(total_s, kind="stable")
-    top = most - most // 2
-    rest = np.random.default_rng(seed).choice(order[top:], size=most - top, replace=False)
-    return [(int(i), "top") for i in order[:top]] + [(int(i), "sample") for i in sorted(rest)]
-
-
-def contenders(times: list[np.ndarray], margin: float) -> list[int]:
-    """Indices within (1 + margin) of the best of any of the given time columns (NaN: not ranked there), in
-    index order: the strategies whose order decides a layer's top-1 and regret."""
-    keep = np.zeros(len(times[0]), dtype=bool)
-    for col in times:
-        col = np.asarray(col, dtype=float)
-        if np.isfinite(col).any():
-            keep |= col <= np.nanmin(col) * (1 + margin)
-    return [int(i) for i in np.flatnonzero(keep)]
 
 
 def run(args: argparse.Namespace) -> int:

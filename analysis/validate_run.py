@@ -15,10 +15,10 @@ from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
+from analysis.options import nics_per_node, report_fallbacks
 from analysis.pricing import Pricer, after_compute
-from analysis.search_cmd import nics_per_node, report_fallbacks
 from analysis.search import Tabulator
-from analysis.validate_cmd import check_feasible, check_links, choose, contenders
+from analysis.validate_plan import check_feasible, check_links, choose, contenders
 from microbench import memcopy, provenance
 from microbench.errors import UsageError
 from microbench.backends import backend_for

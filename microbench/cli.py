@@ -15,7 +15,7 @@ from microbench.errors import UsageError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("microbench.sweep_cmd", "measure collectives across sizes, process counts and links (run under mpirun/srun)"),
     "fit": ("calib.fit_cmd", "fit alpha/beta models from sweep runs and write a calibration JSON"),
-    "predict": ("calib.predict_cmd", "predict a collective's time, or a layer strategy's plan and cost, from a calibration"),
+    "predict": ("analysis.predict_cmd", "predict a collective's time, or a layer strategy's plan and cost, from a calibration"),
     "table": ("calib.table_cmd", "print a calibration's alpha/beta tables"),
     "search": ("analysis.search_cmd", "search SBP sharding strategies for a model on a device mesh"),
     "validate": ("analysis.validate_cmd", "run real SBP strategies and score predicted vs measured ranking (under mpirun/srun)"),

@@ -178,7 +178,7 @@ def test_several_runs_fit_together(tmp_path):
 
 
 def test_calib_never_imports_mpi4py():
-    code = ("import sys, calib.fit, calib.fit_cmd, calib.predict_cmd, calib.table_cmd, calib.synthetic, "
+    code = ("import sys, calib.fit, calib.fit_cmd, calib.table_cmd, calib.synthetic, "
             "calib.calibration, calib.tables; assert 'mpi4py' not in sys.modules, 'mpi4py imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -100,7 +100,7 @@ def test_one_run_scored_as_the_prediction_of_another():
 
 
 def test_contenders_are_near_the_best_of_any_column_and_nan_ranks_nowhere():
-    from analysis.validate_cmd import contenders
+    from analysis.validate_plan import contenders
 
     nan = float("nan")
     pred, pred_comm = [1.0, 1.05, 1.2, 2.0, 1.5], [nan, 0.5, 0.54, 0.6, 0.56]
@@ -114,7 +114,7 @@ def test_contenders_are_near_the_best_of_any_column_and_nan_ranks_nowhere():
 
 
 def test_choose_keeps_all_or_the_predicted_top_half_and_a_seeded_sample():
-    from analysis.validate_cmd import choose
+    from analysis.validate_plan import choose
 
     times = np.arange(10.0)[::-1]
     assert choose(times, 10, 0) == [(i, "all") for i in range(10)]

@@ -203,7 +203,7 @@ def test_indivisible_plan_is_infinite_with_reason():
 
 def test_importing_models_leaves_mpi_and_cupy_unimported():
     code = ("import sys, analysis.sbp, analysis.mesh, analysis.redistribute, analysis.layers, analysis.models, "
-            "analysis.pricing, analysis.search, analysis.summary, analysis.search_cmd, analysis.predict_strategy, "
+            "analysis.pricing, analysis.search, analysis.summary, analysis.search_cmd, analysis.predict_cmd, "
             "analysis.ranking, analysis.attribution; "
             "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

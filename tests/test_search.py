@@ -83,9 +83,9 @@ def test_search_cli_json_and_errors(tmp_path):
 def test_predict_strategy_rejects_indivisible_split():
     import argparse
 
-    from analysis.predict_strategy import add_arguments, run_strategy
+    from analysis.predict_cmd import add_strategy_arguments, run_strategy
     p = argparse.ArgumentParser()
-    add_arguments(p)
+    add_strategy_arguments(p)
     args = p.parse_args(["--layer", "linear:m=6,k=8,n=8", "--strategy", "m.m", "--mesh", "2x2"])
     with pytest.raises(UsageError, match="not divisible"):
         run_strategy(args, calibration_from_dict(cal_dict()))

@@ -1,7 +1,7 @@
-"""`commcal predict CAL --layer SPEC --strategy ID --mesh 2x4 [--json]`: one layer strategy's plan (forward
-and backward steps in execution order, with the output resolved P -> B) and its predicted cost.
-calib.predict_cmd hooks it: add_arguments(parser) adds --layer/--strategy/--mesh/...; when args.layer is
-set, return run_strategy(args, calibration)."""
+"""`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--after-compute] [--json]`: one predicted time
+with its 95% interval, saying when it extrapolates beyond what was measured. With --layer/--strategy/--mesh instead
+of --op, the plan and cost of one layer strategy: its forward and backward steps in execution order, with the
+output resolved P -> B (run_strategy)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,61 @@ import json
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.pricing import Pricer, after_compute
+from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s, nics_per_node, report_fallbacks
+from analysis.pricing import Fallback, Pricer, after_compute, resolve
 from analysis.search import Tabulator
-from analysis.search_cmd import fmt_bytes, fmt_s, nics_per_node, report_fallbacks
 from analysis.summary import chain_steps
+from calib.calibration import load_calibration
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
+from microbench.records import LINK_CLASSES
+from microbench.sizes import format_size, parse_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
+    p.add_argument("--op", help="operation, e.g. allreduce, allgather, pingpong")
+    p.add_argument("--link", choices=LINK_CLASSES, help="link class")
+    p.add_argument("--procs", type=int, help="process count")
+    p.add_argument("--bytes", help="size in the nccl-tests convention, e.g. 64M")
+    p.add_argument("--after-compute", action="store_true",
+                   help="the call directly follows a local computation: price it by the calibration's after-compute "
+                        "model where it has one (commcal fit --after-compute)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_strategy_arguments(p)
+    add_strict_argument(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    cal = load_calibration(args.calibration)
+    if args.layer:
+        return run_strategy(args, cal)
+    missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
+    if missing:
+        raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")
+    nbytes = parse_size(args.bytes)
+    if args.after_compute and not cal.after_gemm:
+        raise UsageError(f"{args.calibration} has no after-compute models (fit with --after-compute RUN_DIR)")
+    link = resolve(cal, args.op, args.link) or args.link        # absent everywhere: predict names what it has
+    pred = cal.predict(args.op, link, args.procs, nbytes, args.after_compute)
+    fallbacks = [Fallback(args.op, None, args.link, link)] if link != args.link else []
+    fallbacks = report_fallbacks(fallbacks, args.calibration, args.strict)
+    if args.json:
+        print(json.dumps({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict(),
+                          "fallbacks": fallbacks}))
+        return 0
+    via = f" (by its {link} model)" if link != args.link else ""
+    print(f"{args.op} on {args.link}{via}, p={args.procs}, {format_size(nbytes)}B: {fmt_s(pred.seconds)} "
+          f"(95% interval {fmt_s(pred.low_s)} .. {fmt_s(pred.high_s)}; {pred.model} model)")
+    if pred.note:
+        print(f"note: {pred.note}")
+    return 0
+
+
+def add_strategy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layer strategy (instead of --op)")
     g.add_argument("--layer", default=None, help="layer or model spec, e.g. linear:m=4096,k=8192,n=8192")
     g.add_argument("--strategy", default=None, help="strategy id, one choice per mesh axis, e.g. m.n or -.k/ws")
-    g.add_argument("--mesh", default=None, help="device mesh, e.g. 2x4")
-    g.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: last axis size)")
-    g.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
-    g.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
-    g.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type")
+    add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False)
 
 
 def _row(st, after: bool, pricer: Pricer) -> dict:

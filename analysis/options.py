@@ -1,0 +1,76 @@
+"""What the analysis subcommands (search, predict, validate) share: the mesh flags, --strict and its warnings
+about link classes priced by another's models, and how times and sizes print."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from analysis.pricing import Fallback
+from microbench.errors import UsageError
+from microbench.ops import GEMM_DTYPES
+
+
+def add_mesh_arguments(p, mesh_help: str, required: bool) -> None:
+    """--mesh and how its ranks sit on nodes, and the element type: the device mesh a strategy is priced on."""
+    p.add_argument("--mesh", required=required, default=None, help=mesh_help)
+    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
+    p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
+    add_nics_argument(p)
+    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+
+
+def add_nics_argument(p) -> None:
+    p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
+
+
+def nics_per_node(args: argparse.Namespace) -> int:
+    if args.nics_per_node < 1:
+        raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
+    return args.nics_per_node
+
+
+def add_strict_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 where the calibration lacks the link class a collective needs, instead of saying so "
+                        "on stderr and pricing it by another class's models (as infinite where no class has it)")
+
+
+def report_fallbacks(fallbacks: list[Fallback], calibration: str, strict: bool, say: bool = True) -> list[dict]:
+    """The fallbacks as JSON records, after one stderr warning per (wanted, used) pair naming its ops and mesh axes;
+    with `strict`, one UsageError line for them all instead. `say`: print the warnings (rank 0 of a job)."""
+    pairs: dict[tuple[str, str | None], list[Fallback]] = {}
+    for f in fallbacks:
+        pairs.setdefault((f.wanted, f.used), []).append(f)
+    gaps = {(wanted, used): _gap(wanted, used, group) for (wanted, used), group in pairs.items()}
+    if strict and gaps:
+        raise UsageError(f"calibration {calibration} has {' and '.join(gaps.values())}; --strict refuses to fall back")
+    if say:
+        for (_, used), gap in gaps.items():
+            then = f"priced by its {used!r} models" if used else "priced infinite"
+            print(f"commcal: warning: calibration {calibration} has {gap}; {then}", file=sys.stderr, flush=True)
+    return [f.to_dict() for f in fallbacks]
+
+
+def _gap(wanted: str, used: str | None, group: list[Fallback]) -> str:
+    """What the calibration lacks for one (wanted, used) pair, e.g. "no 'inter' model for allgather (mesh axis 0)"."""
+    ops = ", ".join(sorted({f.op for f in group}))
+    axes = sorted({f.axis for f in group if f.axis is not None})
+    where = f"mesh axis {axes[0]}" if len(axes) == 1 else f"mesh axes {', '.join(map(str, axes))}" if axes else ""
+    if used is None:
+        return f"no model for {ops} on any link class ({f'{where} wants' if where else 'wanted'} {wanted!r})"
+    return f"no {wanted!r} model for {ops}" + (f" ({where})" if where else "")
+
+
+def fmt_s(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.4g} {unit}"
+    return f"{s * 1e9:.4g} ns"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.0f} B"

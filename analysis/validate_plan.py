@@ -1,0 +1,50 @@
+"""Which strategies `commcal validate` runs, checked before any rank starts: every one feasible on the mesh and
+every collective priced on some link class; above --max-strategies, the predicted top half and a seeded sample
+of the rest; and the contenders that the refinement passes time again."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.layers import Compute, Schedule
+from microbench.errors import UsageError
+
+
+def check_feasible(name: str, opts, mesh_text: str) -> None:
+    for sched in opts.schedules:
+        if not sched.feasible:
+            raise UsageError(f"layer {name} cannot run strategy {sched.strategy.id} on mesh {mesh_text}: "
+                             f"{sched.reason}")
+
+
+def check_links(name: str, schedules: list[Schedule], pricer) -> None:
+    """Every collective must have a model on some link class: a validation cannot score an infinite prediction."""
+    for sched in schedules:
+        for st in sched.steps:
+            if not isinstance(st, Compute) and st.is_comm and pricer.link(st.op, st.axis) is None:
+                link = pricer.mesh.axes[st.axis].link
+                raise UsageError(f"calibration {pricer.cal.path} has no {st.op} model on any link class (mesh axis "
+                                 f"{st.axis} wants '{link}', {st.group_size} ranks), needed by layer {name} strategy "
+                                 f"{sched.strategy.id}; sweep with --links {link}")
+
+
+def choose(total_s: np.ndarray, most: int, seed: int) -> list[tuple[int, str]]:
+    """(strategy index, why): all, or the predicted top half of `most` plus a seeded sample of the rest."""
+    n = len(total_s)
+    if n <= most:
+        return [(i, "all") for i in range(n)]
+    order = np.argsort(total_s, kind="stable")
+    top = most - most // 2
+    rest = np.random.default_rng(seed).choice(order[top:], size=most - top, replace=False)
+    return [(int(i), "top") for i in order[:top]] + [(int(i), "sample") for i in sorted(rest)]
+
+
+def contenders(times: list[np.ndarray], margin: float) -> list[int]:
+    """Indices within (1 + margin) of the best of any of the given time columns (NaN: not ranked there), in
+    index order: the strategies whose order decides a layer's top-1 and regret."""
+    keep = np.zeros(len(times[0]), dtype=bool)
+    for col in times:
+        col = np.asarray(col, dtype=float)
+        if np.isfinite(col).any():
+            keep |= col <= np.nanmin(col) * (1 + margin)
+    return [int(i) for i in np.flatnonzero(keep)]
