@@ -87,7 +87,7 @@ def _bench(argv) -> int:
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
     out = Path(args.out)
-    commcal = [sys.executable, "-m", "microbench.cli"]
+    commcal = [sys.executable, "-m", "reports.cli"]
     launch = shlex.split(args.launch)
     cal = args.calibration
     if cal is None:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote a synthetic run of ~{args.samples:,} samples in {time.perf_counter() - t0:.1f} s", flush=True)
         out = Path(tmp) / "calibration.json"
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "microbench.cli", "fit", *runs, "--out", str(out),
+        proc = subprocess.run([sys.executable, "-m", "reports.cli", "fit", *runs, "--out", str(out),
                                "--method", args.method], capture_output=True, text=True)
         wall = time.perf_counter() - t0
         peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

@@ -36,7 +36,7 @@ def mpiexec_argv(n: int) -> list[str]:
 
 
 def commcal_argv() -> list[str]:
-    return [sys.executable, "-m", "microbench.cli"]
+    return [sys.executable, "-m", "reports.cli"]
 
 
 def run_mpi(n: int, args: list[str], timeout: float = 300, check: bool = False, **kw) -> subprocess.CompletedProcess:
@@ -51,7 +51,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, check: bool = False, 
 def run_main(capsys, args: list[str]) -> tuple[int, str, str]:
     """`commcal ARGS` in this process (the dispatcher itself; run_cli covers the console path): (exit code,
     stdout, stderr)."""
-    from microbench.cli import main
+    from reports.cli import main
 
     code = main(args)
     out, err = capsys.readouterr()

@@ -11,7 +11,7 @@ import pytest
 
 from calib.calibration import model_sets
 from calib.synthetic import synthetic_calibration
-from microbench.cli import main
+from reports.cli import main
 from reports import diff
 
 MODELS = {("allreduce", "intra"): (4e-6, 1e-10), ("allreduce", "inter"): (2e-5, 1e-9),

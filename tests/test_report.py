@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from microbench.cli import main
+from reports.cli import main
 from microbench.errors import UsageError
 from analysis import ranking
 from calib.calibration import load_calibration

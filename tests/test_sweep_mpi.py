@@ -267,7 +267,7 @@ def test_killed_rank_then_resume_finishes_each_point_once_keeping_earlier_visits
     while sum(r == 2 for _, r, _ in _visits(out).values()) < 4:   # killed in the second pass
         assert time.monotonic() < deadline and job.poll() is None, "sweep ended before it could be killed"
         time.sleep(0.1)
-    ranks = subprocess.run(["pgrep", "-f", "-s", str(job.pid), "microbench.cli sweep"], capture_output=True,
+    ranks = subprocess.run(["pgrep", "-f", "-s", str(job.pid), "reports.cli sweep"], capture_output=True,
                            text=True).stdout.split()
     assert ranks, "no rank process found"
     os.kill(int(ranks[-1]), signal.SIGKILL)

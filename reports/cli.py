@@ -1,5 +1,7 @@
-"""`commcal <subcommand>`: a thin dispatcher. Each subcommand lives in the package that owns it and is
-imported only when chosen, so MPI ranks never pay for matplotlib or statsmodels."""
+"""`commcal <subcommand>`: the front door, a thin dispatcher on the top floor of the house (microbench, then
+calib, analysis and reports above it), so that it may name every package's subcommand while no package below
+imports it. Each subcommand lives in the package that owns it and is imported only when chosen, so MPI ranks
+never pay for matplotlib or statsmodels."""
 
 from __future__ import annotations
 
