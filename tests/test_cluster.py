@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import bench_validate
+from benchmarks import validate as bench_validate
 from conftest import REPO, VENV_BIN, run_cli
 from microbench import memcopy
 
@@ -311,7 +311,7 @@ def test_inter_node_control_ranks_strategies_within_the_targets(cluster):
     validate of bench_validate's layers meet bench_validate's targets in communication."""
     out = cluster.work / "control"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "analysis.bench_validate", "--launch",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.validate", "--launch",
                            f"{CLUSTER} mpirun -n 2 --map-by node", "--links", "inter", "--mesh", "2",
                            "--after-gemm", "0", "--out", str(out)],
                           env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=900)

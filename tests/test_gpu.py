@@ -84,7 +84,7 @@ def test_gpu_benchmark_prints_figures():
 
     from conftest import REPO, mpi_env
 
-    proc = subprocess.run([sys.executable, "-m", "microbench.bench_gpu"], cwd=REPO, env=mpi_env(),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu"], cwd=REPO, env=mpi_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "TFLOP/s" in proc.stdout and "nccl allreduce" in proc.stdout and "GB/s" in proc.stdout

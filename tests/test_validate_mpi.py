@@ -1,7 +1,7 @@
 """`commcal validate` on real mpirun jobs: every strategy of matmul (linear), MLP and embedding runs with
 correct numerics at 2 and 4 ranks (meshes 2, 2x2, 4), the directory is what reports/validation_view.py
 reads, a link class the calibration lacks is one warning and a summary record (--strict: bad input), bad input is
-one line with exit 2, and analysis.bench_validate runs its control mesh."""
+one line with exit 2, and benchmarks.validate runs its control mesh."""
 
 import json
 import shlex
@@ -152,7 +152,7 @@ def test_bench_validate_scores_repeats_on_a_control_mesh_and_names_a_failed_step
     one line naming that command, no traceback."""
     cal = calibration(tmp_path / "cal.json")
     bench = lambda mesh, out: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "analysis.bench_validate", "--launch", shlex.join(mpiexec_argv(2)), "--calibration", cal,
+        [sys.executable, "-m", "benchmarks.validate", "--launch", shlex.join(mpiexec_argv(2)), "--calibration", cal,
          "--mesh", mesh, "--out", str(out), "--repeat", "2", "--validate-args", shlex.join(FAST)],
         env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     proc = bench("2", tmp_path / "ok")

@@ -1,4 +1,4 @@
-/* Reference for bench_overhead: the plainest C timing of ping-pong and allreduce, with its own
+/* Reference for benchmarks/overhead.py: the plainest C timing of ping-pong and allreduce, with its own
  * malloc'd buffers, written apart from commcal's timing loop so the two can be compared. */
 #include <mpi.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 2x2, and prints the figures against issue 6's targets. On the local cluster (2 nodes x 2 ranks):
 
     slurm/cluster.sh up --nodes 2 --rate 400mbit --no-slurm
-    python -m analysis.bench_validate --launch "slurm/cluster.sh mpirun -n 4 --host node1:2,node2:2" --out /tmp/bv
+    python -m benchmarks.validate --launch "slurm/cluster.sh mpirun -n 4 --host node1:2,node2:2" --out /tmp/bv
     slurm/cluster.sh down
 
 Besides the plain sweep, a second sweep runs every collective right after a --after-gemm N x N GEMM (default

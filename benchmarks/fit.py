@@ -1,8 +1,8 @@
 """Benchmark of `commcal fit`: wall seconds and peak memory of the real subcommand on a run directory (or on a
 synthetic run of --samples samples written first), then its held-out error figures per (op, link).
 
-    python -m calib.bench_fit --samples 10000000        # scale target: <= 30 s, <= 2 GB
-    python -m calib.bench_fit RUN_DIR [RUN_DIR...]      # fidelity figures of real runs
+    python -m benchmarks.fit --samples 10000000        # scale target: <= 30 s, <= 2 GB
+    python -m benchmarks.fit RUN_DIR [RUN_DIR...]      # fidelity figures of real runs
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def synthetic_run(out: Path, samples: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calib.bench_fit", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.fit", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", help="run directories to fit (default: a synthetic run)")
     ap.add_argument("--samples", type=int, default=10_000_000, help="samples in the synthetic run")
     ap.add_argument("--method", choices=("wls", "huber"), default="wls")

@@ -1,5 +1,5 @@
 """Benchmark for a GPU node: GEMM TFLOP/s per dtype, NCCL latency on one rank, host<->device copy
-bandwidth. Run `python -m microbench.bench_gpu` (one rank; NCCL allows one rank per GPU).
+bandwidth. Run `python -m benchmarks.gpu` (one rank; NCCL allows one rank per GPU).
 Uses the sweep's own backend and measuring functions, so the figures are what a sweep reports."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark: how close commcal's reported medians come to a plain C loop timing the same calls.
 
-Run on 2 ranks: `mpirun -n 2 --oversubscribe --bind-to none python -m microbench.bench_overhead`.
+Run on 2 ranks: `mpirun -n 2 --oversubscribe --bind-to none python -m benchmarks.overhead`.
 Each round measures, side by side in one job, ping-pong and allreduce with the sweep's own
 measuring function (compiled path and Python path) and with ref_loop.c; it prints per-round
 medians and the median ratio to the C reference (target: within 20% at 8 B, 2% at >= 64 KiB); the

@@ -1,6 +1,6 @@
 """Benchmarks that print figures: strategy cost evaluations per second, search seconds for a 96-layer
 transformer on a 1,024-device three-level mesh, and coordinate descent's gap to the exact optimum.
-Run: python -m analysis.bench [CALIBRATION]  (default: a synthetic calibration)."""
+Run: python -m benchmarks.search [CALIBRATION]  (default: a synthetic calibration)."""
 
 from __future__ import annotations
 
