@@ -13,7 +13,7 @@ import numpy as np
 from analysis.layers import Attention, Compute, Elementwise, Embedding, Layer, Linear, Schedule
 from analysis.mesh import Mesh
 from analysis.redistribute import Step
-from analysis.sbp import B, Signature, Split, local_slices
+from analysis.sbp import B, Signature, Split, local_slices, partial_owner
 
 
 def _split(xp, buf, dim: int, g: int):
@@ -53,7 +53,7 @@ def run_step(step: Step, buf, coll, coord: tuple[int, ...], xp=np, check_bytes: 
         return buf
     if op == "partial":
         if step.gather_dim is None:
-            return buf if coord[axis] == 0 else xp.zeros_like(buf)
+            return buf if partial_owner(coord, axis) else xp.zeros_like(buf)
         d, n = step.gather_dim, buf.shape[step.gather_dim]
         out = xp.zeros(step.out_shape, dtype=buf.dtype)
         out[(slice(None),) * d + (slice(coord[axis] * n, (coord[axis] + 1) * n),)] = buf

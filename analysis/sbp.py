@@ -101,11 +101,6 @@ def split_factors(sig: Signature, mesh_shape: tuple[int, ...], ndim: int) -> tup
     return tuple(math.prod(mesh_shape[a] for a in splitters(sig, d)) for d in range(ndim))
 
 
-def fraction(sig: Signature, mesh_shape: tuple[int, ...]) -> float:
-    """Share of the global tensor one device holds."""
-    return 1.0 / math.prod(n for n, p in zip(mesh_shape, sig) if p.is_split)
-
-
 @lru_cache(maxsize=1 << 16)
 def indivisible(shape: tuple[int, ...], sig: Signature, mesh_shape: tuple[int, ...]) -> str | None:
     """Why `sig` cannot shard `shape` evenly, or None."""

@@ -136,7 +136,7 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
     send, recv = op.fill(backend.xp, lay, dtype, comm.rank, comm.size, in_place)
     slots = pool.slots(send, recv, in_place) if pool is not None else Slots(send, recv)
     backend.sync()
-    scale = 0.5 if op.name == "pingpong" else 1.0   # pingpong reports half the round trip
+    scale = op.time_scale
     turn = 0
 
     def batch(iters: int) -> tuple[np.ndarray, float]:

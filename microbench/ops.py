@@ -61,6 +61,7 @@ class Op:
     result_in_send: bool = False                # result lands in the send buffer (bcast)
     send: Callable[..., Any] = lambda xp, rank, count, block, procs, dtype: pattern(xp, rank, count, dtype)
     in_place: Callable[..., tuple] | None = None  # (send, recv, rank, block) -> in-place (send, recv) views
+    time_scale: float = 1.0                     # reported time = one call's time * this (pingpong: half the round trip)
 
     def layout(self, requested_bytes: int, procs: int, itemsize: int) -> Layout:
         """Round the element count so every rank's block is whole (at least one element per block); a local
@@ -153,7 +154,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        call=lambda c, s, r, MPI: c.Reduce(s, r, op=MPI.SUM, root=0),
        expected=lambda xp, lay, dt, rank, p: sum_pattern(xp, p, lay.send_count, dt) if rank == 0 else None, c_code=5),
     Op("pingpong", "p2p", "message; time is half the round trip", _one, call=_pingpong,
-       expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=6),
+       expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=6, time_scale=0.5),
     Op("sendrecv", "p2p", "message in each direction, both ranks at once", _one, call=_sendrecv,
        expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=7),
     Op("gemm", "compute", "one square operand (n x n); rate = 2 n^3 / time", _one),
