@@ -248,15 +248,3 @@ def adjoint(fwd: Plan, mesh: Mesh) -> Plan:
         op = _ADJOINT.get(st.op) or ("slice" if st.src[st.axis].is_split else "partial")
         path.append((st.axis, op + "*" * st.permutes, dual(st.dst), dual(st.src), st.scatter_dim, st.gather_dim))
     return _build(fwd.shape, fwd.itemsize, dual(fwd.dst), dual(fwd.src), mesh, path)
-
-
-def apply_step(sig: Signature, step: Step) -> Signature:
-    """The signature after `step`: what its op does to the axis placement (symbolic execution)."""
-    a = sig[step.axis]
-    legal = {"allreduce": a == P, "reduce_scatter": a == P, "allgather": a.is_split, "alltoall": a.is_split,
-             "slice": a == B, "partial": a != P, "relabel": step.group_size == 1}
-    if not legal[step.op]:
-        raise ValueError(f"{step.op} cannot act on {a} (axis {step.axis} of {fmt(sig)})")
-    out = {"allreduce": B, "allgather": B, "partial": P, "relabel": step.dst[step.axis]}.get(step.op) \
-        or Split(step.scatter_dim)
-    return sig[:step.axis] + (out,) + sig[step.axis + 1:]

@@ -10,10 +10,7 @@ a local B->P step)."""
 from __future__ import annotations
 
 import math
-import re
 from functools import lru_cache
-
-from microbench.errors import UsageError
 
 
 class Placement:
@@ -77,17 +74,6 @@ Signature = tuple[Placement, ...]
 def fmt(sig: Signature) -> str:
     """(S(0), B) -> "[S(0), B]"."""
     return "[" + ", ".join(map(str, sig)) + "]"
-
-
-def parse_signature(text: str) -> Signature:
-    """"S(0),B" or "[S(0), B]" -> (S(0), B)."""
-    out = []
-    for tok in re.split(r"\s*,\s*(?![^()]*\))", text.strip().strip("[]").strip()):
-        m = re.fullmatch(r"S\((\d+)\)|([BP])", tok.strip())
-        if not m:
-            raise UsageError(f"bad placement {tok!r} in signature {text!r}; use S(d), B or P")
-        out.append(Split(int(m.group(1))) if m.group(1) is not None else Placement(m.group(2)))
-    return tuple(out)
 
 
 def splitters(sig: Signature, dim: int) -> list[int]:

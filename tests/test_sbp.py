@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -15,12 +16,35 @@ from hypothesis import strategies as st
 
 from analysis.layers import Elementwise, Embedding, Linear, Strategy
 from analysis.mesh import Mesh, parse_mesh
-from analysis.redistribute import adjoint, apply_step, plan
-from analysis.sbp import B, P, S, local_slices, parse_signature
+from analysis.redistribute import Step, adjoint, plan
+from analysis.sbp import B, P, S, Placement, Signature, Split, fmt, local_slices
 from analysis.search import resolved
 from microbench.errors import UsageError
 
 ISZ = 4
+
+
+def parse_signature(text: str) -> Signature:
+    """"S(0),B" or "[S(0), B]" -> (S(0), B)."""
+    out = []
+    for tok in re.split(r"\s*,\s*(?![^()]*\))", text.strip().strip("[]").strip()):
+        m = re.fullmatch(r"S\((\d+)\)|([BP])", tok.strip())
+        if not m:
+            raise UsageError(f"bad placement {tok!r} in signature {text!r}; use S(d), B or P")
+        out.append(Split(int(m.group(1))) if m.group(1) is not None else Placement(m.group(2)))
+    return tuple(out)
+
+
+def apply_step(sig: Signature, step: Step) -> Signature:
+    """The signature after `step`: what its op does to the axis placement (symbolic execution)."""
+    a = sig[step.axis]
+    legal = {"allreduce": a == P, "reduce_scatter": a == P, "allgather": a.is_split, "alltoall": a.is_split,
+             "slice": a == B, "partial": a != P, "relabel": step.group_size == 1}
+    if not legal[step.op]:
+        raise ValueError(f"{step.op} cannot act on {a} (axis {step.axis} of {fmt(sig)})")
+    out = {"allreduce": B, "allgather": B, "partial": P, "relabel": step.dst[step.axis]}.get(step.op) \
+        or Split(step.scatter_dim)
+    return sig[:step.axis] + (out,) + sig[step.axis + 1:]
 
 
 @pytest.fixture(scope="module")
