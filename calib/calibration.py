@@ -20,15 +20,8 @@ from microbench.errors import UsageError
 SCHEMA = "commcal.calibration"
 VERSION = 9
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
-"""Versions the loader accepts: 2 added link_classes.*.groups_per_node (1 means one group at a time); 3 added
-the GEMM latency and groups per node and the optional local copy rate (absent: no latency, no copy cost);
-4 added provenance.runs[].cache, whether the sweep's buffers were cold or warm (absent: warm); 5 added
-provenance.runs[].gap_ms, the sweep's idle gap before each call (absent: 0); 6 added provenance.runs[].after_gemm,
-the size of the GEMM every rank ran before each call (absent: 0, none); 7 added the optional after_compute, models of
-collectives that follow a local computation (absent: the main models price those too); 8 added
-provenance.runs[].page_policy, the huge-page advice of the sweep's buffers (absent: unknown), and
-models.*.*.min_segment_sizes, the fewest sizes a segment of the model may span (absent: 4); 9 added
-provenance.runs[].origin, the peer logs a run was imported from (absent: a commcal sweep)."""
+"""Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
+provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import bench_validate
+from analysis import bench_validate, ranking
 from conftest import REPO, VENV_BIN, run_cli
 from microbench import memcopy
 
@@ -253,23 +253,42 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     assert (cal_path.parent / f"{cal_path.stem}-report" / "report.html").is_file(), log
 
 
-def test_sbatch_validate_sh_quick_ranks_strategies_on_both_link_classes(cluster, resumed_sweep):
-    """slurm/validate.sh with the calibration the sbatch sweep wrote: a 2x2 mesh (inter x intra)."""
-    out = cluster.work / "validate"
-    env = {"COMMCAL_CALIBRATION": str(resumed_sweep.calibration), "COMMCAL_VALIDATE_OUT": str(out), "COMMCAL_PRESET": "quick",
-           "COMMCAL_VALIDATE_ARGS": "--mesh 2x2"}
-    t0 = time.monotonic()
-    job = cluster.sbatch("-o", "validate-%j.out", str(REPO / "slurm" / "validate.sh"), env=env)
-    ok, text = cluster.wait(job, 300)
-    log = (cluster.work / f"validate-{job}.out").read_text()
-    assert ok, f"{text}\n{log}\n{cluster.logs()}"
-    print(f"validate.sh quick: {time.monotonic() - t0:.1f} s")
-    summary = json.loads((out / "summary.json").read_text())
-    strategies = pd.read_csv(out / "strategies.csv")
-    assert len(strategies) >= 10 and (strategies.measured_s > 0).all()
-    assert {"kendall_tau", "comm_kendall_tau", "regret", "mean_accuracy"} <= set(summary["metrics"])
-    run = json.loads((out / "run.json").read_text())
-    assert sorted(set(run.get("hosts", []))) == list(NODES), run.get("hosts")
+# How much worse than a second validate the calibration may predict a validate, in communication: the noise of
+# one validate against another on a time-shared host, plus the calibration's own (a sweep is one more launch).
+REPEAT_MARGIN = {"comm_mean_accuracy": 0.10, "comm_kendall_tau": 0.15}
+
+
+def test_sbatch_validate_sh_quick_predicts_a_validate_as_well_as_a_second_validate(cluster, resumed_sweep):
+    """slurm/validate.sh twice with the calibration the sbatch sweep wrote, on a 2x2 mesh (inter x intra): the
+    calibration predicts each validate nearly as well as the other validate does (REPEAT_MARGIN)."""
+    tables, metrics = [], []
+    for i in (1, 2):
+        out = cluster.work / f"validate-{i}"
+        env = {"COMMCAL_CALIBRATION": str(resumed_sweep.calibration), "COMMCAL_VALIDATE_OUT": str(out),
+               "COMMCAL_PRESET": "quick", "COMMCAL_VALIDATE_ARGS": "--mesh 2x2"}
+        t0 = time.monotonic()
+        job = cluster.sbatch("-o", f"validate-{i}-%j.out", str(REPO / "slurm" / "validate.sh"), env=env)
+        ok, text = cluster.wait(job, 300)
+        log = (cluster.work / f"validate-{i}-{job}.out").read_text()
+        assert ok, f"{text}\n{log}\n{cluster.logs()}"
+        print(f"validate.sh quick: {time.monotonic() - t0:.1f} s")
+        summary = json.loads((out / "summary.json").read_text())
+        strategies = pd.read_csv(out / "strategies.csv")
+        assert len(strategies) >= 10 and (strategies.measured_s > 0).all()
+        assert {"kendall_tau", "comm_kendall_tau", "regret", "mean_accuracy"} <= set(summary["metrics"])
+        run = json.loads((out / "run.json").read_text())
+        assert sorted(set(run.get("hosts", []))) == list(NODES), run.get("hosts")
+        tables.append(pd.read_parquet(out / "strategies.parquet"))
+        metrics.append(summary["metrics"])
+    lines = []
+    for a, b in ((0, 1), (1, 0)):
+        repeat = ranking.flat(ranking.frame_scores(ranking.repeat_frame(tables[b], tables[a]), 3, 0, 0))
+        for name, margin in REPEAT_MARGIN.items():
+            cal, rep = metrics[a][name]["value"], repeat[name]["value"]
+            lines.append(f"validate {a + 1}: {name} calibration {cal:.4f}, validate {b + 1} {rep:.4f}, "
+                         f"margin {margin}" + ("" if cal >= rep - margin else "  MISSED"))
+    print("\n".join(lines))
+    assert not any(line.endswith("MISSED") for line in lines), "\n".join(lines)
 
 
 def test_sbatch_sweep_sh_after_gemm_fits_the_after_compute_models_in_the_chdir(cluster):
