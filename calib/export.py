@@ -157,8 +157,8 @@ def simai(cal: Calibration) -> Export:
             if bw is None:
                 missing.append(f"{group}.{SIMAI_NAMES[op]}: no {op} model on {link or 'an inter-node link'}")
             lines.append(f"{SIMAI_NAMES[op]},: {'null' if bw is None else round(bw / 1e9, 6)}")
-    pp = cal.data["p2p"].get("pingpong", {}).get(outer) if outer else None
-    if pp is None or not pp["bandwidth_bytes_per_s"]:
+    pp = (cal.data["p2p"].get("pingpong", {}).get(outer) or {}).get("bandwidth_bytes_per_s") if outer else None
+    if not pp:
         missing.append("PP.busbw: no pingpong model on an inter-node link")
-    lines += ["PP:", f"busbw: {'null' if pp is None or not pp['bandwidth_bytes_per_s'] else round(pp['bandwidth_bytes_per_s'] / 1e9, 6)}"]
+    lines += ["PP:", f"busbw: {round(pp / 1e9, 6) if pp else 'null'}"]
     return Export("\n".join(lines) + "\n", tuple(missing))

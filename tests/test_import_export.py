@@ -18,7 +18,8 @@ from conftest import run_main
 from microbench.records import load_samples, load_summary, read_run_json
 
 PEERS = Path(__file__).parent / "data" / "peers"
-OSU, OSU2, IMB, NCCL = PEERS / "osu-7.5", PEERS / "osu-7.5-2nodes", PEERS / "imb-2021.11", PEERS / "nccl-tests-synthetic"
+OSU, OSU2, IMB = PEERS / "osu-7.5", PEERS / "osu-7.5-2nodes", PEERS / "imb-2021.11"
+NCCL = PEERS / "nccl-tests-synthetic"
 PAYLOAD_BPS = 300e6 / 8 * 1448 / 1514
 """The 2-node fixtures' link: tc tbf at 300 Mbit/s, of which TCP over a 1500-byte MTU carries 1448 of 1514 bytes."""
 
@@ -100,18 +101,19 @@ def test_fixtures_import_fit_and_report_without_warnings_about_the_import(capsys
     the runs themselves (points left out, unusable samples); the report names the peer."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        osu = imported(capsys, tmp_path, "osu1", sorted(p for p in OSU.glob("osu_*.txt") if p.name != "osu_bw.txt"), "--link", "intra",
-                       "--procs", "2")
+        latency_logs = sorted(p for p in OSU.glob("osu_*.txt") if p.name != "osu_bw.txt")
+        osu = imported(capsys, tmp_path, "osu1", latency_logs, "--link", "intra", "--procs", "2")
         imb = imported(capsys, tmp_path, "imb1", [IMB / "imb-mpi1-2ranks.txt"], "--link", "intra")
         for run in (osu, imb):
             cal = fitted(capsys, tmp_path, run)
             assert not [w for w in cal["warnings"] if str(run) in w]
+            report = tmp_path / f"r-{run.name}"
             code, _, err = run_main(capsys, ["report", "--run", str(run), "--calibration",
-                                             str(tmp_path / f"{run.name}.json"), "--out", str(tmp_path / f"r-{run.name}")])
+                                             str(tmp_path / f"{run.name}.json"), "--out", str(report)])
             assert code == 0 and err == ""
-            assert "origin.peer" in (tmp_path / f"r-{run.name}" / "report.md").read_text()
-    assert set(load_summary(osu)["op"]) == {"pingpong", "allreduce", "allgather", "alltoall", "bcast", "reduce",
-                                             "reduce_scatter"}
+            assert "origin.peer" in (report / "report.md").read_text()
+    assert set(load_summary(osu)["op"]) == {"pingpong", "allreduce", "allgather", "alltoall", "bcast",
+                                             "reduce", "reduce_scatter"}
     ag = load_summary(osu).query("op == 'allgather'")
     assert ag["size_bytes"].min() == 2 * 8         # OSU's per-rank size, counted whole
 
@@ -131,7 +133,8 @@ def test_nccl_tests_text_and_json(capsys, tmp_path):
     assert samples.groupby("point_id", observed=True).size().eq(20).all()
     assert read_run_json(sr)["origin"]["logs"][0]["statistic"].startswith("median over iterations")
     assert set(load_summary(sr)["link"]) == {"inter"}
-    inplace = load_summary(imported(capsys, tmp_path, "ip", [NCCL / "all_reduce_perf-1node-2ranks.txt"], "--in-place"))
+    inplace = load_summary(imported(capsys, tmp_path, "ip", [NCCL / "all_reduce_perf-1node-2ranks.txt"],
+                                    "--in-place"))
     big = lambda df: df.loc[df["size_bytes"] == 64 << 20, "median_s"].iloc[0]  # noqa: E731
     assert big(inplace) == pytest.approx(1.01 * big(s), rel=1e-3) and inplace["in_place"].all()
 
@@ -159,7 +162,8 @@ def test_unreadable_logs_are_one_line_naming_file_and_line(capsys, tmp_path, con
 def calculon_seconds(tier: dict, op: str, nbytes: float, procs: int) -> float:
     """Calculon's network time (calculon/network.py): latency + size * scalar * (1 + offset / p) / (bw * eff)."""
     scalar, offset = tier["ops"][op]
-    return tier["latency"] + nbytes * scalar * (1 + (offset or 0) / procs) / (tier["bandwidth"] * 1e9 * tier["efficiency"])
+    rate = tier["bandwidth"] * 1e9 * tier["efficiency"]
+    return tier["latency"] + nbytes * scalar * (1 + (offset or 0) / procs) / rate
 
 
 def yaml_lists(text: str) -> dict:
@@ -191,7 +195,8 @@ def test_export_round_trips(capsys, tmp_path):
     assert tier["latency"] == pytest.approx(p2p["alpha_s"]) and \
         tier["bandwidth"] * 1e9 == pytest.approx(p2p["bandwidth_bytes_per_s"])
 
-    code, _, err = run_main(capsys, ["export", str(cal_path), "--format", "astra-sim", "--out", str(tmp_path / "n.yml")])
+    code, _, err = run_main(capsys, ["export", str(cal_path), "--format", "astra-sim", "--out",
+                                     str(tmp_path / "n.yml")])
     assert code == 2 and "--topology" in err
     code, _, err = run_main(capsys, ["export", str(cal_path), "--format", "astra-sim", "--topology", "Switch",
                                      "--out", str(tmp_path / "n.yml")])
@@ -201,7 +206,8 @@ def test_export_round_trips(capsys, tmp_path):
     assert float(net["bandwidth"][0]) * 1e9 == pytest.approx(p2p["bandwidth_bytes_per_s"], rel=1e-6)
     assert float(net["latency"][0]) * 1e-9 == pytest.approx(p2p["alpha_s"], rel=1e-3)
 
-    code, stdout, err = run_main(capsys, ["export", str(cal_path), "--format", "simai", "--out", str(tmp_path / "b.yaml")])
+    code, stdout, err = run_main(capsys, ["export", str(cal_path), "--format", "simai", "--out",
+                                          str(tmp_path / "b.yaml")])
     assert code == 0, err
     text = (tmp_path / "b.yaml").read_text().splitlines()
     tp = dict(line.split(",: ") for line in text[text.index("TP:") + 1:text.index("DP:")])

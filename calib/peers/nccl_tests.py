@@ -133,8 +133,9 @@ def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
         samples = tuple(float(t) * 1e-6 for t in (row.get(f"{half}_per_iter") or {}).get("times_us") or ())
         per_iteration |= bool(samples)
         wrong = result.get("nwrong")
+        wrong = int(wrong) if isinstance(wrong, (int, float)) else 0
         points.append(PeerPoint(op, len(hosts), int(row["size"]), _dtype(path, 1, str(row.get("type"))),
-                                float(seconds) * 1e-6, 1, samples, int(wrong) if isinstance(wrong, (int, float)) else 0))
+                                float(seconds) * 1e-6, 1, samples, wrong))
     if not points:
         raise fail(path, 1, "nccl-tests JSON with no results")
     nccl = doc.get("nccl_version")

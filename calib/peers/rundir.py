@@ -85,7 +85,9 @@ def check_alike(logs: list[PeerLog]) -> None:
                              f"(fit joins runs of different methods with --mix-methods)")
 
 
-def _summary(run_id: str, log: PeerLog, p: PeerPoint, where: Placement, in_place: bool) -> tuple[PointSummary, np.ndarray]:
+def _summary(run_id: str, log: PeerLog, p: PeerPoint, where: Placement,
+             in_place: bool) -> tuple[PointSummary, np.ndarray]:
+    """One point's summary row (statistics of the samples written) and those samples."""
     samples = np.asarray(p.samples or (p.seconds,), dtype=float)
     est = estimate(samples)
     key = PointKey(log.backend, p.op, where.link, p.procs, p.size_bytes, p.dtype)
