@@ -18,9 +18,10 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 8
-READS = (1, 2, 3, 4, 5, 6, 7, 8)
-"""Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md."""
+VERSION = 9
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+"""Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
+provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

@@ -14,7 +14,8 @@ from microbench.errors import UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by `commcal sweep`")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by `commcal sweep` or "
+                                                              "`commcal import`")
     p.add_argument("--out", required=True, help="calibration JSON to write")
     p.add_argument("--method", choices=("wls", "huber"), default="wls",
                    help="wls: weighted least squares for relative error (default); huber: robust RLM, resists bad points")
@@ -25,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a run of `commcal sweep --after-gemm N` (repeatable): its collectives become the models that "
                         "price a collective right after a local computation, as in a training step")
     p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), help="backend to fit when runs mix several")
+    p.add_argument("--mix-methods", action="store_true",
+                   help="fit runs of different timing methods together (sweeps and imported peer logs, or two peers)")
     p.add_argument("--quiet", action="store_true", help="print warnings only")
 
 
@@ -59,8 +62,8 @@ def report(cal: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.folds < 2 or args.max_segments < 1:
         raise UsageError("--folds must be >= 2 and --max-segments >= 1")
-    runs = load_runs(args.runs, args.backend)
-    after = load_runs(args.after_compute, args.backend) if args.after_compute else None
+    runs = load_runs(args.runs, args.backend, args.mix_methods)
+    after = load_runs(args.after_compute, args.backend, args.mix_methods) if args.after_compute else None
     if after is not None:
         check_pages(runs.runs + after.runs)
     cal = fit_calibration(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments),

@@ -47,7 +47,8 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "mpi_library": text("mpi_library_version", "mpi_library"),
             "versions": {str(k): str(v) for k, v in versions.items()},
             **records.conditions(meta.get("options", {})),
-            **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {})}
+            **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
+            **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {})}
 
 
 STEAL_WARN = 0.05
@@ -134,8 +135,14 @@ def check_pages(runs) -> None:
         raise UsageError(f"runs mix {' and '.join(pages)} host buffers (sweep --page-policy); fit them separately")
 
 
-def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
-    """All points of the given runs; UsageError on a bad directory or a mix of backends without --backend."""
+def method(run: dict) -> str:
+    """How a run's times were taken: its origin's method for imported peer logs (calib.peers), else 'commcal'."""
+    return str(run.get("origin", {}).get("method", "commcal"))
+
+
+def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool = False) -> RunSet:
+    """All points of the given runs; UsageError on a bad directory, a mix of backends without --backend, or a mix
+    of timing methods (a peer's loop mean is not commcal's median) unless mix_methods."""
     frames, runs, notes = [], [], []
     for d in run_dirs:
         pts, prov, why = _one_run(Path(d))
@@ -152,6 +159,10 @@ def load_runs(run_dirs: list[str], backend: str | None = None) -> RunSet:
         raise UsageError(f"runs mix GEMMs of N = {' and '.join(map(str, gemms))} before each call "
                          f"(sweep --after-gemm; 0: none); fit them separately")
     check_pages(runs)
+    methods = sorted({method(r) for r in runs})
+    if len(methods) > 1 and not mix_methods:
+        raise UsageError(f"runs mix timing methods {' and '.join(methods)} (imported peer logs time otherwise than "
+                         f"a sweep); fit them separately or pass --mix-methods")
     points = pd.concat(frames, ignore_index=True)
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:

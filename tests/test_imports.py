@@ -29,8 +29,9 @@ PURE = ("calib", "analysis", "reports")
 def _modules() -> dict[str, Path]:
     out = {}
     for package in FLOORS:
-        for path in sorted((REPO / package).glob("*.py")):
-            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -93,6 +94,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_package_is_read():
     assert {_package(m) for m in MODULES} == set(FLOORS)
     assert "reports.cli" in MODULES and "microbench.cli" not in MODULES
+    assert "calib.peers" in MODULES and "calib.peers.osu" in MODULES
 
 
 def test_no_two_modules_import_each_other_in_a_loop():

@@ -1,0 +1,30 @@
+"""Peer benchmark logs (nccl-tests, OSU Micro-Benchmarks, IMB-MPI1) read by content into PeerLog values, which
+calib.peers.rundir turns into a commcal run directory. Pure: no MPI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calib.peers import imb, nccl_tests, osu
+from calib.peers.model import Job, PeerLog, fail
+
+READERS = (nccl_tests.read_json, nccl_tests.read_text, osu.read_text, imb.read_text)
+"""Each returns None when the text is not its peer's, a PeerLog when it is, and raises (file:line) when it is its
+peer's but malformed."""
+
+
+def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
+    """The log at `path`, whichever peer wrote it; UsageError (one line naming the file and line) otherwise.
+    `job`: what the caller knows of the job that the log may not say."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise fail(path, 0, f"cannot read ({exc.strerror or exc})") from None
+    for reader in READERS:
+        log = reader(path, text, job)
+        if log is not None:
+            return log
+    first = next((i for i, line in enumerate(text.splitlines(), 1) if line.strip()), 1)
+    raise fail(path, first, "not a log commcal can import (nccl-tests text or -J JSON, OSU Micro-Benchmarks, "
+                            "IMB-MPI1)")

@@ -1,0 +1,144 @@
+"""nccl-tests output: the text table (common.cu/util.cu's print format) and the -J JSON file (version 3).
+
+Each row has an out-of-place and an in-place half (time in us, algbw, busbw, #wrong); the out-of-place half is
+read unless in_place is asked for. The time is each rank's mean over a back-to-back loop of `iters` launches,
+averaged over ranks (the default -a 1; -a 3 takes the maximum). With -I, the JSON file adds each iteration's time
+(the maximum over processes), which become the point's samples. Sizes are totals (the whole gathered or sent
+buffer), commcal's convention already. Ranks and their hosts come from the '#  Rank N Group G Pid P on HOST
+device ...' lines (JSON: config.devices)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from calib.peers.model import Job, PeerLog, PeerPoint, fail, number, whole
+
+TESTS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
+         "alltoall": "alltoall", "broadcast": "bcast", "reduce": "reduce", "sendrecv": "sendrecv"}
+"""nccl-tests binaries (<name>_perf) commcal has an operation for."""
+DTYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+          "uint64": "uint64", "half": "float16", "float": "float32", "double": "float64", "bfloat16": "bfloat16",
+          "f8e4m3": "fp8_e4m3", "f8e5m2": "fp8_e5m2"}
+RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+STARTING = re.compile(r"^# Collective test starting: (\S+)")
+VERSION = re.compile(r"^# nccl-tests version (\S+)")
+WRONG = ("#wrong", "error")
+STATISTIC = "mean over a back-to-back loop of launches, averaged over ranks (nccl-tests time)"
+PER_ITERATION = "median over iterations of each iteration's slowest process (nccl-tests -I)"
+
+
+def _op(path: Path, line: int, program: str) -> str:
+    """'./build/all_reduce_perf' -> 'allreduce', or the one-line error."""
+    name = Path(program).name.removesuffix("_perf").removesuffix("_mpi")
+    if name not in TESTS:
+        raise fail(path, line, f"nccl-tests test {Path(program).name!r} has no commcal operation (import one of: "
+                               f"{', '.join(f'{n}_perf' for n in TESTS)})")
+    return TESTS[name]
+
+
+def _column_names(tokens: list[str]) -> bool:
+    """Whether a '#' line names the table's columns: 'size count type ...' (the 'bytes N type ...' of old
+    releases)."""
+    return tokens[:2] in (["size", "count"], ["bytes", "N"])
+
+
+def _dtype(path: Path, line: int, name: str) -> str:
+    if name not in DTYPES:
+        raise fail(path, line, f"unknown nccl-tests data type {name!r}")
+    return DTYPES[name]
+
+
+def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
+    """The nccl-tests table in `text`, or None when `text` has no nccl-tests header."""
+    lines = text.splitlines()
+    if not any(line.startswith("# nThread ") or "out-of-place" in line for line in lines):
+        return None
+    op, version, hosts, names, points = None, "unknown", {}, None, []
+    header_at = 1
+    for i, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if (m := STARTING.match(line)) is not None:
+            op = _op(path, i, m.group(1))
+        elif (m := VERSION.match(line)) is not None:
+            version = m.group(1)
+        elif (m := RANK.match(line)) is not None:
+            hosts[int(m.group(1))] = m.group(2)
+        elif line.startswith("#") and _column_names(line.lstrip("#").split()):
+            names, header_at = line.lstrip("#").split(), i
+        elif line and not line.startswith("#") and names is not None:
+            if op is None:
+                raise fail(path, header_at, "nccl-tests log does not name its test (no '# Collective test "
+                                            "starting:' line)")
+            points.append(_text_row(path, i, line.split(), names, op, len(hosts), job.in_place))
+    if names is None or not points:
+        raise fail(path, header_at, "nccl-tests log with no result rows")
+    ranks = tuple(hosts[r] for r in sorted(hosts))
+    return PeerLog(str(path), "nccl-tests", version, "", "nccl-tests", STATISTIC, "nccl", tuple(points),
+                   hosts=ranks, world=len(ranks) or None)
+
+
+def _text_row(path: Path, i: int, cells: list[str], names: list[str], op: str, procs: int,
+              in_place: bool) -> PeerPoint:
+    """One result row; the time, #wrong of the out-of-place (or in-place) half."""
+    if procs < 1:
+        raise fail(path, i, "nccl-tests result row before the '#  Rank ...' lines that say how many ranks ran")
+    if len(cells) < len(names):
+        raise fail(path, i, f"expected {len(names)} columns ({' '.join(names)}), found {len(cells)}")
+    times = [k for k, n in enumerate(names) if n in ("time", "cputime")]
+    wrongs = [k for k, n in enumerate(names) if n in WRONG]
+    half = 1 if in_place else 0
+    if len(times) <= half or len(wrongs) <= half:
+        raise fail(path, i, f"no {'in-place' if in_place else 'out-of-place'} time and #wrong columns")
+    size = whole(path, i, cells[0], "size")
+    seconds = number(path, i, cells[times[half]], "time") * 1e-6
+    wrong = cells[wrongs[half]]
+    return PeerPoint(op, procs, size, _dtype(path, i, cells[2]), seconds, i,
+                     wrong=0 if wrong == "N/A" else int(number(path, i, wrong, "#wrong")))
+
+
+def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
+    """The results of an nccl-tests -J file, or None when `text` is not one."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        line = getattr(exc, "lineno", 0)
+        if '"nccl_version"' in text or '"results"' in text:
+            raise fail(path, line, f"truncated or corrupt nccl-tests JSON ({exc})") from None
+        return None
+    if not isinstance(doc, dict) or "results" not in doc or "args" not in doc:
+        return None
+    if doc.get("version") != 3:
+        raise fail(path, 1, f"nccl-tests JSON version {doc.get('version')!r}; commcal reads version 3")
+    args = [str(a) for a in doc.get("args") or []]
+    if not args:
+        raise fail(path, 1, "nccl-tests JSON without 'args' (the command that names the test)")
+    op = _op(path, 1, args[0])
+    devices = (doc.get("config") or {}).get("devices") or []
+    hosts = tuple(str(d.get("hostname", "")) for d in sorted(devices, key=lambda d: d.get("rank", 0)))
+    if not hosts:
+        raise fail(path, 1, "nccl-tests JSON without config.devices (the ranks that ran)")
+    half = "in_place" if job.in_place else "out_of_place"
+    points, per_iteration = [], False
+    for k, row in enumerate(doc["results"] or []):
+        result = row.get(half) if isinstance(row, dict) else None
+        if not isinstance(result, dict):
+            raise fail(path, 1, f"results[{k}] has no {half} object")
+        seconds = result.get("time", result.get("cpu_time"))
+        if not isinstance(seconds, (int, float)) or not isinstance(row.get("size"), int):
+            raise fail(path, 1, f"results[{k}] lacks a numeric size or {half}.time")
+        samples = tuple(float(t) * 1e-6 for t in (row.get(f"{half}_per_iter") or {}).get("times_us") or ())
+        per_iteration |= bool(samples)
+        wrong = result.get("nwrong")
+        wrong = int(wrong) if isinstance(wrong, (int, float)) else 0
+        points.append(PeerPoint(op, len(hosts), int(row["size"]), _dtype(path, 1, str(row.get("type"))),
+                                float(seconds) * 1e-6, 1, samples, wrong))
+    if not points:
+        raise fail(path, 1, "nccl-tests JSON with no results")
+    nccl = doc.get("nccl_version")
+    return PeerLog(str(path), "nccl-tests", f"NCCL {nccl}" if nccl else "unknown", " ".join(args), "nccl-tests",
+                   PER_ITERATION if per_iteration else STATISTIC, "nccl", tuple(points), hosts=hosts,
+                   world=len(hosts), date=str(doc.get("start_time", "")))

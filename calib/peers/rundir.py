@@ -1,0 +1,144 @@
+"""Peer logs into a commcal run directory (microbench.records' format, written by microbench.store.RunStore) that
+fit, report and diff read like a sweep's. Each point's samples are the peer's statistic (one per point) or its
+per-iteration times; run.json's `origin` says which peer, method and statistic, so nothing reads as a commcal
+median that is not one."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from calib.peers.model import ITEMSIZE, PeerLog, PeerPoint, fail
+from microbench.errors import UsageError
+from microbench.ops import OPS
+from microbench.records import LINK_CLASSES, RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
+from microbench.stats import estimate
+from microbench.store import RunStore
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How ranks lie on nodes for one process count: commcal's link class and the node shape."""
+
+    link: str
+    nodes: int
+    ranks_per_node: int
+
+
+def parse_hosts(text: str) -> tuple[str, ...]:
+    """mpirun's host list, 'n1:2,n2:2' (slots per host; a bare name is one slot), as each rank's host in rank order
+    (ranks fill a host's slots before the next, as `--host` places them by default)."""
+    ranks: list[str] = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, slots = item.partition(":")
+        if not name or (slots and not slots.isdigit()) or slots == "0":
+            raise UsageError(f"--hosts: {item!r} is not HOST or HOST:SLOTS")
+        ranks += [name] * int(slots or 1)
+    if not ranks:
+        raise UsageError("--hosts: no hosts given")
+    return tuple(ranks)
+
+
+def placement(procs: int, hosts: tuple[str, ...], link: str | None, where: str) -> Placement:
+    """The link class of the first `procs` ranks (IMB runs a smaller block on the first ranks): from the hosts
+    where known (a --link that disagrees is an error), else from --link; UsageError when neither says."""
+    if hosts:
+        if procs > len(hosts):
+            raise UsageError(f"{where}: {procs} processes, but the host list places {len(hosts)}")
+        used = hosts[:procs]
+        counts = [used.count(h) for h in dict.fromkeys(used)]
+        found = Placement("intra" if len(counts) == 1 else "inter" if max(counts) == 1 else "spread", len(counts),
+                          max(counts))
+        if link is not None and link != found.link:
+            raise UsageError(f"{where}: --link {link} disagrees with the host list, which places {procs} ranks as "
+                             f"{found.link} ({found.nodes} nodes, up to {found.ranks_per_node} per node)")
+        return found
+    if link == "intra":
+        return Placement("intra", 1, procs)
+    if link == "inter":
+        return Placement("inter", procs, 1)
+    if link == "spread":
+        raise UsageError(f"{where}: --link spread needs --hosts to say how many ranks share each node")
+    raise UsageError(f"{where}: the log does not say where its ranks ran: give --hosts (mpirun's host list) or "
+                     f"--link {'|'.join(LINK_CLASSES)}")
+
+
+def origin(logs: list[PeerLog]) -> dict:
+    """run.json's (and the calibration's) record of where the numbers came from: peer, version, method and each
+    log's command line and statistic."""
+    first = logs[0]
+    return {"peer": first.peer, "version": first.version, "method": first.method,
+            "logs": [{"file": log.path, "command_line": log.command_line or "not in the log",
+                      "statistic": log.statistic} for log in logs]}
+
+
+def check_alike(logs: list[PeerLog]) -> None:
+    """UsageError unless every log comes from one peer, method and backend (one run directory has one origin)."""
+    for what in ("method", "peer", "backend"):
+        kinds = sorted({getattr(log, what) for log in logs})
+        if len(kinds) > 1:
+            raise UsageError(f"logs mix {what}s {' and '.join(kinds)}: import them into separate run directories "
+                             f"(fit joins runs of different methods with --mix-methods)")
+
+
+def _summary(run_id: str, log: PeerLog, p: PeerPoint, where: Placement,
+             in_place: bool) -> tuple[PointSummary, np.ndarray]:
+    """One point's summary row (statistics of the samples written) and those samples."""
+    samples = np.asarray(p.samples or (p.seconds,), dtype=float)
+    est = estimate(samples)
+    key = PointKey(log.backend, p.op, where.link, p.procs, p.size_bytes, p.dtype)
+    op = OPS[p.op]
+    blocks = p.procs if op.recv_blocks and not op.send_blocks else 1
+    nan = math.nan
+    return PointSummary(
+        run_id=run_id, point_id=key.point_id, backend=log.backend, op=p.op, link=where.link, nodes=where.nodes,
+        ranks_per_node=where.ranks_per_node, procs=p.procs, requested_bytes=p.size_bytes, size_bytes=p.size_bytes,
+        count=p.size_bytes // blocks // ITEMSIZE[p.dtype], dtype=p.dtype,
+        bytes_per_rank=op.bytes_per_rank(p.size_bytes, p.procs), in_place=in_place, timing_path=f"peer:{log.peer}",
+        samples=est.samples, median_s=est.median, ci_low_s=est.ci_low, ci_high_s=est.ci_high, min_s=est.min,
+        p95_s=est.p95, mean_s=est.mean, target_ci=nan, target_met=False, algbw_Bps=p.size_bytes / est.median,
+        busbw_Bps=p.size_bytes / est.median * op.bus_factor(p.procs), wrong=p.wrong, flops=0.0,
+        flops_per_s=0.0), samples
+
+
+def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link: str | None, in_place: bool,
+              command_line: list[str]) -> dict:
+    """Write the run directory `out` from `logs` (one peer and method); returns its run.json. `hosts`: each rank's
+    host from --hosts (a log's own host list wins where it has one); `link`: --link."""
+    check_alike(logs)
+    store = RunStore(out)
+    if store.out.exists() and any(store.out.iterdir()):
+        raise UsageError(f"--out {out} exists and is not empty; choose another directory")
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    first = logs[0]
+    run_id = f"import-{first.peer}-{now.replace(':', '').replace('-', '')[:15]}"
+    rows, seen, ranks = [], {}, hosts
+    for log in logs:
+        ranks = log.hosts or hosts
+        for p in log.points:
+            where = placement(p.procs, log.hosts or hosts, link, f"{log.path}:{p.line}")
+            summary, samples = _summary(run_id, log, p, where, in_place)
+            if summary.point_id in seen:
+                raise fail(log.path, p.line, f"measures {summary.point_id} again (first at {seen[summary.point_id]})")
+            seen[summary.point_id] = f"{log.path}:{p.line}"
+            rows.append((summary, samples))
+    store.prepare(resume=False)
+    for summary, samples in rows:
+        store.write_point(summary, samples, np.zeros(len(samples), dtype=np.int64))
+    names = sorted(set(ranks))
+    meta = {"schema": RUN_SCHEMA, "version": RUN_SCHEMA_VERSION, "run_id": run_id,
+            "start_time": first.date or "unknown", "imported_utc": now, "machine": names[0] if names else "unknown",
+            "hosts": names, "world_size": max((log.world or 0) for log in logs) or max(p.procs for log in logs
+                                                                                     for p in log.points),
+            "ranks_per_node": {h: ranks.count(h) for h in dict.fromkeys(ranks)},
+            "mpi_library_version": "unknown (not in the log)", "versions": {first.peer: first.version},
+            "command_line": command_line, "backend": first.backend, "timing_path": f"peer:{first.peer}",
+            "timing_note": first.statistic, "options": {"cache": "warm", "in_place": in_place},
+            "origin": origin(logs)}
+    store.write_run(meta)
+    store.consolidate()
+    return meta
