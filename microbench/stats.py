@@ -1,4 +1,8 @@
-"""Order-statistic confidence intervals of the median and the adaptive stopping rule. Pure numpy."""
+"""Order-statistic confidence intervals of the median and the adaptive stopping rule. Pure numpy.
+
+Every Estimate obeys one rule: its CI is either a pair of numbers with min <= ci_low <= median <= ci_high <= max
+of its samples, or NaN on both sides where the samples are too few for any interval (fewer than 6 at 95%, or
+none); an interval never claims more than the samples show, and a missing one never meets a CI target."""
 
 from __future__ import annotations
 
@@ -45,14 +49,23 @@ class Estimate:
     mean: float
 
     def within(self, target: float) -> bool:
-        """True when both CI bounds lie within +-target (relative) of the median."""
-        if not math.isfinite(self.ci_low) or self.median <= 0:
+        """True when both CI bounds lie within +-target (relative) of the median; never without a CI."""
+        if not (math.isfinite(self.ci_low) and math.isfinite(self.ci_high) and self.median > 0):
             return False
         return (self.ci_high - self.median) <= target * self.median and \
                (self.median - self.ci_low) <= target * self.median
 
 
+def _midpoint(a: float, b: float) -> float:
+    """(a + b) / 2 of a <= b, as np.median takes it, but never outside [a, b] (no overflow to infinity)."""
+    mid = (a + b) / 2
+    if not math.isfinite(mid):
+        mid = a / 2 + b / 2
+    return min(max(mid, a), b)
+
+
 def estimate(samples: np.ndarray, confidence: float = 0.95) -> Estimate:
+    """The median of finite samples and its order-statistic CI (which contains the median by construction)."""
     x = np.sort(np.asarray(samples, dtype=float))
     n = len(x)
     if n == 0:
@@ -60,7 +73,8 @@ def estimate(samples: np.ndarray, confidence: float = 0.95) -> Estimate:
         return Estimate(0, nan, nan, nan, nan, nan, nan)
     ranks = median_ci_ranks(n, confidence)
     lo, hi = (float(x[ranks[0]]), float(x[ranks[1]])) if ranks else (float("nan"), float("nan"))
-    return Estimate(n, float(np.median(x)), lo, hi, float(x[0]), float(np.percentile(x, 95)), float(x.mean()))
+    median = _midpoint(float(x[(n - 1) // 2]), float(x[n // 2]))
+    return Estimate(n, median, lo, hi, float(x[0]), float(np.percentile(x, 95)), float(x.mean()))
 
 
 def _weighted_quantile(x: np.ndarray, cum: np.ndarray, q: float, between: bool = False) -> float:
@@ -68,7 +82,7 @@ def _weighted_quantile(x: np.ndarray, cum: np.ndarray, q: float, between: bool =
     exactly on q, the mean of that value and the next, as np.median does for equal weights."""
     i = min(int(np.searchsorted(cum, q - 1e-12)), len(x) - 1)
     if between and abs(cum[i] - q) <= 1e-12 and i + 1 < len(x):
-        return float((x[i] + x[i + 1]) / 2)
+        return _midpoint(float(x[i]), float(x[i + 1]))
     return float(x[i])
 
 
@@ -77,8 +91,9 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
     window often runs longest and takes most samples; plain pooling would let it set the median). The CI
     is the order-statistic one at Kish's effective sample size, widened to the normal interval of the visits'
     medians taken as one observation each: samples of one window are not independent of each other, and on a
-    shared machine the windows' medians differ by more than one window's CI admits. One visit: exactly
-    estimate()."""
+    shared machine the windows' medians differ by more than one window's CI admits; but never beyond the pooled
+    samples' range, which is all they show (a visit in a disturbed window would otherwise push the interval below
+    zero). One visit: exactly estimate()."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     if len(visits) <= 1:
         return estimate(visits[0] if visits else np.empty(0), confidence)
@@ -95,7 +110,8 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
         lo, hi = (_weighted_quantile(x, cum, (r + 1) / n_eff) for r in ranks)
         medians = [float(np.median(v)) for v in visits]
         half = NormalDist().inv_cdf(0.5 + confidence / 2) * float(np.std(medians, ddof=1)) / math.sqrt(len(visits))
-        lo, hi = min(lo, median - half), max(hi, median + half)
+        lo = max(float(x[0]), min(lo, median - half, median))
+        hi = min(float(x[-1]), max(hi, median + half, median))
     return Estimate(len(x), median, lo, hi, float(x[0]), p95,
                     float(np.mean([v.mean() for v in visits])))
 

@@ -138,16 +138,22 @@ def test_pooled_estimate_reduces_to_the_plain_estimate_for_one_visit_or_visits_o
 
 def test_pooled_ci_covers_the_drift_between_visits_that_the_pooled_samples_hide():
     """Three windows at 0.8, 1.0 and 1.2 s, each steady to 0.1%: the order-statistic CI of the 90 samples is
-    the middle window's +-0.1%, the visits' medians say +-1.96 * 0.2 / sqrt(3) = +-23%."""
+    the middle window's +-0.1%, the visits' medians say +-1.96 * 0.2 / sqrt(3) = +-23%, which reaches past the
+    samples: the interval stops at the fastest and slowest sample. Six windows from 0.8 to 1.2 s say
+    +-1.96 * 0.141 / sqrt(6) = +-11%, which fits."""
     rng = np.random.default_rng(5)
-    visits = [level * (1 + 1e-3 * rng.uniform(-1, 1, 30)) for level in (0.8, 1.0, 1.2)]
+    jitter = 1 + 1e-3 * rng.uniform(-1, 1, 30)
+    visits = [level * jitter for level in (0.8, 1.0, 1.2)]
     plain = estimate(np.concatenate(visits))
     assert plain.ci_high - plain.ci_low < 0.002
     got = pooled_estimate(visits)
-    half = 1.959964 * 0.2 / np.sqrt(3)
     assert got.median == pytest.approx(1.0, abs=1e-3)
-    assert (got.ci_low, got.ci_high) == pytest.approx((got.median - half, got.median + half), rel=1e-3)
+    assert (got.ci_low, got.ci_high) == (visits[0].min(), visits[2].max())
     assert not got.within(0.2) and got.within(0.25)
+    levels = (0.8, 0.9, 1.0, 1.0, 1.1, 1.2)
+    got = pooled_estimate([level * jitter for level in levels])
+    half = 1.959964 * np.std(levels, ddof=1) / np.sqrt(len(levels))
+    assert (got.ci_low, got.ci_high) == pytest.approx((got.median - half, got.median + half), rel=1e-3)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8, 64])
