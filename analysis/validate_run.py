@@ -174,7 +174,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
     atomic_write_json(f"{out}/run.json", {
         "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
-        "mpi_library_version": MPI.Get_library_version().strip(), "versions": provenance.software_versions(),
+        "mpi_library_version": provenance.mpi_library_version(), "versions": provenance.software_versions(),
         "environment": provenance.relevant_environment(), "cpu_steal": steal})
     print(f"validate: wrote {out} ({len(frame)} strategies)")
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):

@@ -93,6 +93,13 @@ def machine_name(hosts: list[str]) -> str:
     return os.environ.get("SLURM_CLUSTER_NAME") or (hosts[0] if hosts else socket.gethostname())
 
 
+def mpi_library_version() -> str:
+    """The MPI library's banner without the NUL (and whitespace) some libraries end it with."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().replace("\x00", "").strip()
+
+
 def software_versions() -> dict[str, str]:
     import mpi4py
 

@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if world.rank == 0:
         slowdown = memcopy.alias_slowdown()
         meta = provenance.run_metadata(
-            earlier, hosts, mpi_library=MPI.Get_library_version().strip(),
+            earlier, hosts, mpi_library=provenance.mpi_library_version(),
             mpi_standard=".".join(map(str, MPI.Get_version())), backend=cfg.backend,
             backend_versions=backend.versions(), gpus=gpus, page_policy=page_policy, timing_path=timer.path,
             timing_note=timing_note,
