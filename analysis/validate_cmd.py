@@ -150,12 +150,37 @@ def contenders(times: list[np.ndarray], margin: float) -> list[int]:
     return [int(i) for i in np.flatnonzero(keep)]
 
 
-def run(args: argparse.Namespace) -> int:
+def plan(args, cfg: Config, layers: list[tuple[str, Layer]], cal, mesh):
+    """(pricer, [(name, layer, options, chosen strategies)]): every layer's strategies priced on `mesh` from the
+    calibration and the ones to run chosen; all that validate does with the calibration before running anything,
+    so a calibration it cannot use fails here, before MPI starts the harness."""
+    from analysis.pricing import Pricer
+    from analysis.search import Tabulator
+    from analysis.search_cmd import nics_per_node
+
+    pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
+    tab = Tabulator(pricer)
+    work = []
+    for name, layer in layers:
+        opts = tab.options(layer, True)
+        check_feasible(name, opts, "x".join(map(str, mesh.shape)))
+        check_links(name, opts.schedules, mesh, cal)
+        work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
+    if cal.backend != args.backend:
+        raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "
+                         f"--backend {args.backend} needs a calibration of the same backend")
+    return pricer, work
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer]], object]:
+    """(config, named layers, calibration) from the arguments: the checks every rank makes before MPI."""
     from calib.calibration import load_calibration
 
-    cfg = config(args)
-    layers = named_layers(args.layer or QUICK_LAYERS, args.dtype)
-    cal = load_calibration(args.calibration)
+    return config(args), named_layers(args.layer or QUICK_LAYERS, args.dtype), load_calibration(args.calibration)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, layers, cal = prepare(args)
     from analysis import validate_run
 
     return validate_run.main(args, cfg, layers, cal)
