@@ -32,7 +32,8 @@ from analysis.mesh import parse_mesh
 from conftest import run_cli, run_mpi
 from microbench.cli import build_parser, main
 from microbench.errors import UsageError
-from microbench.store import RunStore
+from microbench.records import load_summary
+from microbench.store import CONSOLIDATED, RunStore
 
 pytestmark = pytest.mark.mpi   # the base run is a real sweep
 
@@ -217,7 +218,7 @@ def remove(*names: str) -> Mutation:
     return mutate
 
 
-cut_short = remove("summary.parquet", "summary.csv", "samples.parquet")
+cut_short = remove(*CONSOLIDATED)
 """What a sweep killed before it consolidated leaves: run.json and points/ only."""
 
 
@@ -492,6 +493,19 @@ def test_a_real_sweep_writes_intervals_that_obey_the_rule_and_a_clean_mpi_banner
     assert (within | (lo.isna() & hi.isna())).all(), summary[~within]
     banner = json.loads((base_run / "run.json").read_text())["mpi_library_version"]
     assert banner and banner == banner.strip() and "\x00" not in banner
+
+
+def test_a_resumed_run_cut_short_reads_what_it_added(base_run, tmp_path):
+    """A resumed sweep starts by removing the consolidated files: if it is killed, readers see the visits it added
+    to points/, not the summary the earlier sweep ended with."""
+    run = tmp_path / "run"
+    shutil.copytree(base_run, run)
+    store = RunStore(run)
+    store.start(json.loads((run / "run.json").read_text()))
+    assert not any((run / name).exists() for name in CONSOLIDATED)
+    point = records(run)[0] | {"median_s": 1.0, "rounds": 9}
+    (run / "points" / f"{point['point_id']}.json").write_text(json.dumps(point))   # as a resumed visit writes it
+    assert load_summary(run).set_index("point_id").loc[point["point_id"], "rounds"] == 9
 
 
 @pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.id)
