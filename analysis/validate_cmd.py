@@ -113,12 +113,15 @@ def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer]], object]:
+    """(config, named layers, calibration) from the arguments: the checks every rank makes before MPI."""
     from calib.calibration import load_calibration
 
-    cfg = config(args)
-    layers = named_layers(args.layer or QUICK_LAYERS, args.dtype)
-    cal = load_calibration(args.calibration)
+    return config(args), named_layers(args.layer or QUICK_LAYERS, args.dtype), load_calibration(args.calibration)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, layers, cal = prepare(args)
     from analysis import validate_run
 
     return validate_run.main(args, cfg, layers, cal)

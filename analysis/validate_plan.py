@@ -7,6 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.layers import Compute, Schedule
+from analysis.options import nics_per_node
+from analysis.pricing import Pricer
+from analysis.search import Tabulator
 from microbench.errors import UsageError
 
 
@@ -48,3 +51,21 @@ def contenders(times: list[np.ndarray], margin: float) -> list[int]:
         if np.isfinite(col).any():
             keep |= col <= np.nanmin(col) * (1 + margin)
     return [int(i) for i in np.flatnonzero(keep)]
+
+
+def plan(args, cfg, layers: list, cal, mesh):
+    """(pricer, [(name, layer, options, chosen strategies)]): every layer's strategies priced on `mesh` from the
+    calibration and the ones to run chosen; all that validate does with the calibration before running anything,
+    so a calibration it cannot use fails here, before MPI starts the harness."""
+    pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
+    tab = Tabulator(pricer)
+    work = []
+    for name, layer in layers:
+        opts = tab.options(layer, True)
+        check_feasible(name, opts, "x".join(map(str, mesh.shape)))
+        check_links(name, opts.schedules, pricer)
+        work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
+    if cal.backend != args.backend:
+        raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "
+                         f"--backend {args.backend} needs a calibration of the same backend")
+    return pricer, work

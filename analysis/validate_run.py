@@ -15,10 +15,9 @@ from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.layers import Compute
-from analysis.options import nics_per_node, report_fallbacks
-from analysis.pricing import Pricer, after_compute
-from analysis.search import Tabulator
-from analysis.validate_plan import check_feasible, check_links, choose, contenders
+from analysis.options import report_fallbacks
+from analysis.pricing import after_compute
+from analysis.validate_plan import contenders, plan
 from microbench import memcopy, provenance
 from microbench.errors import UsageError
 from microbench.backends import backend_for
@@ -32,17 +31,7 @@ def main(args, cfg, layers, cal) -> int:
     pages = set_page_policy(pages) if pages else set_page_policy("numpy-default") + ", the calibration does not say"
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
-    pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
-    tab = Tabulator(pricer)
-    work = []
-    for name, layer in layers:
-        opts = tab.options(layer, True)
-        check_feasible(name, opts, "x".join(map(str, mesh.shape)))
-        check_links(name, opts.schedules, pricer)
-        work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
-    if cal.backend != args.backend:
-        raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "
-                         f"--backend {args.backend} needs a calibration of the same backend")
+    pricer, work = plan(args, cfg, layers, cal, mesh)
     fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict, world.rank == 0)
     backend = backend_for(args.backend, world, hosts)
     coll = Collectives(world, mesh, coord, backend)

@@ -247,18 +247,26 @@ class Calibration:
         if dtype not in rates:
             raise UsageError(f"calibration {self.path or ''} has no GEMM rate for dtype {dtype!r} "
                              f"(has: {', '.join(rates) or 'none'})")
-        return float(rates[dtype]["flops_per_s"])
+        return _rate(rates[dtype]["flops_per_s"], f"calibration {self.path or ''}: GEMM rate of {dtype}")
 
     def copy_cost(self) -> tuple[float, float] | None:
         """(latency_s, bytes_per_s) of a local copy, bytes read and written; None before version 3 or
         where the sweep measured no copy."""
         c = self.data["compute"].get("copy")
-        return None if c is None else (float(c["latency_s"]), float(c["bytes_per_s"]))
+        return None if c is None else (float(c["latency_s"]),
+                                       _rate(c["bytes_per_s"], f"calibration {self.path or ''}: copy rate"))
 
     def gemm_latency_s(self, dtype: str) -> float:
         """Per-call overhead of a local product (0 in calibrations before version 3)."""
         self.gemm_flops_per_s(dtype)
         return float(self.data["compute"]["gemm"][dtype].get("latency_s", 0.0))
+
+
+def _rate(value: float, what: str) -> float:
+    """A rate to divide by: UsageError where it is 0 (the schema allows it; no time can be priced from it)."""
+    if not value > 0:
+        raise UsageError(f"{what} is {value:g}: no time can be priced from it")
+    return float(value)
 
 
 def _reject_constant(name: str):

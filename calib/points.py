@@ -12,11 +12,17 @@ import pandas as pd
 
 from microbench import records
 from microbench.errors import UsageError
-from microbench.ops import LOCAL_OPS
+from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
          "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
+SECONDS = (1e-12, 1e6)
+"""The samples a fit uses: times a timed call can take, a picosecond to 11.6 days. Samples outside (zero or negative
+times, or absurd ones from a file edited by hand) are left out, and so are points left with none: the fit weighs each
+point by 1/t^2, which floats do not hold far outside this range."""
+_COUNTS = ("nodes", "ranks_per_node", "procs", "groups", "groups_per_node")
+_NUMBERS = (*_COUNTS, "requested_bytes", "size_bytes", "flops", "wrong")
 
 
 @dataclass(frozen=True)
@@ -36,9 +42,8 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
                 return str(meta[k]).replace("\x00", "").strip()
         return "unknown"
 
-    hosts = meta.get("hosts") or []
-    if isinstance(hosts, dict):
-        hosts = list(hosts)
+    hosts = meta.get("hosts")
+    hosts = list(hosts) if isinstance(hosts, (list, dict)) else []
     versions = dict(meta.get("versions")) if isinstance(meta.get("versions"), dict) else {}
     if meta.get("mpi_standard_version"):
         versions["mpi_standard"] = meta["mpi_standard_version"]
@@ -46,7 +51,7 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "machine": text("machine", "hostname"), "hosts": [str(h) for h in hosts],
             "mpi_library": text("mpi_library_version", "mpi_library"),
             "versions": {str(k): str(v) for k, v in versions.items()},
-            **records.conditions(meta.get("options", {})),
+            **records.conditions(meta.get("options", {}), f"{run_dir}/run.json"),
             **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
             **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {})}
 
@@ -71,6 +76,8 @@ def _pooled_medians(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seco
     """Per point (index: names[code]): `seconds`, the median of its samples with every visit (round) weighing
     the same, as the sweep's summary has it, and `n_samples`. Runs store samples by point and round already;
     sorting happens only where they are not."""
+    if not len(seconds):
+        return pd.DataFrame({"seconds": [], "n_samples": []}, index=pd.Index([], dtype=str))
     key = (codes.astype(np.int64) << 32) | rounds.astype(np.int64)
     if len(key) > 1 and (key[1:] < key[:-1]).any():
         order = np.argsort(key, kind="stable")
@@ -87,6 +94,24 @@ def _pooled_medians(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seco
                         index=pd.Index(names[point_of_visit[new_point]], dtype=str))
 
 
+def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The points whose summary fields hold what the format says, whose results were right and that have positive
+    samples (their ids in `sampled`, all in SECONDS); one line per reason others were left out."""
+    pts = records.as_numbers(pts, _NUMBERS)
+    counts = pd.concat([records.whole(pts[c], 1) for c in _COUNTS], axis=1).all(axis=1)
+    sizes = records.positive(pts["requested_bytes"]) & records.positive(pts["size_bytes"])
+    pts, notes = records.screen(pts, [
+        ("not a known operation", pts["op"].isin(list(OPS))),
+        ("not a link class", pts["link"].isin(records.LINK_CLASSES)),
+        ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
+        ("a process, node or group count that is not a whole number >= 1", counts),
+        ("a size that is not a positive number", sizes),
+        ("no flop or wrong-element count", (pts["flops"] >= 0) & (pts["wrong"] >= 0)),
+        ("wrong results", pts["wrong"] == 0),
+        (f"without samples of {SECONDS[0]:g} to {SECONDS[1]:g} s", pts["point_id"].isin(sampled))], run_dir)
+    return pts.astype({c: "int64" for c in (*_COUNTS, "requested_bytes", "size_bytes", "wrong")}), notes
+
+
 def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     meta = records.read_run_json(run_dir)
     summary = records.load_summary(run_dir)
@@ -101,7 +126,7 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     if samples.empty:
         raise UsageError(f"{run_dir}: run holds no samples")
     times = pd.to_numeric(samples["time_s"], errors="coerce")
-    good = (np.isfinite(times) & (times > 0)).to_numpy()
+    good = times.between(*SECONDS).to_numpy()
     ids = samples["point_id"].astype("category")
     columns = [ids.cat.codes.to_numpy(), samples["round"].to_numpy(), times.to_numpy()]
     del samples, times
@@ -111,20 +136,15 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     stats = _pooled_medians(codes, ids.cat.categories.astype(str), rounds, seconds)
     pts = summary.loc[:, list(_KEEP)].copy()
     pts["point_id"] = pts["point_id"].astype(str)
-    pts = pts.join(stats, on="point_id", how="inner")
-    dropped = []
-    if len(pts) < len(summary):
-        dropped.append(f"{run_dir}: {len(summary) - len(pts)} points without positive samples left out")
-    wrong = pts["wrong"] > 0
-    if wrong.any():
-        dropped.append(f"{run_dir}: {int(wrong.sum())} points with wrong results left out "
-                       f"({', '.join(pts.loc[wrong, 'point_id'].head(3))})")
-        pts = pts[~wrong]
+    pts, dropped = _usable(pts, stats.index, run_dir)
     if pts.empty:
-        raise UsageError(f"{run_dir}: no point has usable samples")
+        raise UsageError(f"{run_dir}: no point is usable ("
+                         + "; ".join(note.removeprefix(f"{run_dir}: ") for note in dropped) + ")")
+    pts = pts.join(stats, on="point_id", how="inner")
     run_id = str(meta.get("run_id") or pts["run_id"].iloc[0])
     pts["run_id"] = run_id
-    pts["backend"] = pts["backend"].fillna(meta.get("backend", "mpi")).astype(str)
+    backend = meta.get("backend") if isinstance(meta.get("backend"), str) else "mpi"
+    pts["backend"] = pts["backend"].fillna(backend).astype(str)
     return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir)
 
 

@@ -208,3 +208,11 @@ def numpy_dtype(name: str):
 
 def itemsize(dtype: str) -> int:
     return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def known_dtype(dtype) -> bool:
+    """Whether `dtype` names an element type itemsize knows."""
+    try:
+        return isinstance(dtype, str) and itemsize(dtype) > 0
+    except TypeError:
+        return False

@@ -113,12 +113,16 @@ SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round")
 it was taken in (0 in runs written before rounds)."""
 
 
-def conditions(options: dict) -> dict:
+def conditions(options: dict, where: str = "run.json") -> dict:
     """The conditions a run's calls were timed in, from run.json's options: buffer cache mode (runs from before
     the choice reused warm buffers), the idle gap before each call in ms and the N of the N x N GEMM run before
     each call (before these: none). Runs that differ in these neither resume nor fit together."""
-    return {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0)),
-            "after_gemm": int(options.get("after_gemm", 0))}
+    try:
+        return {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0)),
+                "after_gemm": int(options.get("after_gemm", 0))}
+    except (AttributeError, TypeError, ValueError):
+        raise UsageError(f"{where}: key 'options' does not hold a sweep's options (cache, gap_ms, after_gemm)") \
+            from None
 
 
 def page_advice(policy: str | None) -> str | None:
@@ -138,6 +142,8 @@ def read_run_json(run_dir: str | Path) -> dict:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: unreadable run.json ({exc})") from None
+    if not isinstance(meta, dict):
+        raise UsageError(f"{path}: run.json must hold a JSON object, not {type(meta).__name__}")
     if meta.get("schema") != RUN_SCHEMA or meta.get("version") != RUN_SCHEMA_VERSION:
         raise UsageError(f"{path}: schema {meta.get('schema')!r} version {meta.get('version')!r} is not "
                          f"{RUN_SCHEMA!r} version {RUN_SCHEMA_VERSION}")
@@ -158,24 +164,67 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
     read_run_json(run_dir)
     consolidated = run_dir / "summary.parquet"
     if consolidated.is_file():
-        return _complete(_read_parquet(consolidated))
+        summary = _read_parquet(consolidated)
+        if summary.empty:
+            raise UsageError(f"{run_dir}: run holds no finished points")
+        return _complete(summary)
     rows = []
     for f in sorted((run_dir / "points").glob("*.json")):
         try:
             rows.append(json.loads(f.read_text()))
         except ValueError:
             raise UsageError(f"{f}: corrupt point record") from None
+        if not isinstance(rows[-1], dict):
+            raise UsageError(f"{f}: corrupt point record (not a JSON object)")
     if not rows:
         raise UsageError(f"{run_dir}: run holds no finished points")
     return _complete(pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS)))
 
 
 def _complete(summary: pd.DataFrame) -> pd.DataFrame:
-    """Fill the ADDED_COLUMNS an older run lacks."""
+    """Fill the ADDED_COLUMNS an older run lacks (or holds no number in)."""
     for col, value in ADDED_COLUMNS.items():
-        summary[col] = (summary[col].fillna(value) if col in summary else value)
+        summary[col] = pd.to_numeric(summary[col], errors="coerce").fillna(value) if col in summary else value
         summary[col] = summary[col].astype(type(value))
     return summary
+
+
+def as_numbers(summary: pd.DataFrame, columns) -> pd.DataFrame:
+    """A copy of `summary` with `columns` as floats: a value of another type (a string, a list, null: what a point
+    record edited by hand may hold) becomes NaN, which a reader's checks (screen) then leave out."""
+    out = summary.copy()
+    for col in columns:
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
+    return out
+
+
+def whole(values: pd.Series, least: int) -> pd.Series:
+    """Which values are whole numbers >= least (NaN and infinity are not)."""
+    return (values >= least) & (values % 1 == 0)
+
+
+def positive(values: pd.Series) -> pd.Series:
+    """Which values are finite numbers above 0."""
+    return (values > 0) & (values < math.inf)
+
+
+def points_note(where, summary: pd.DataFrame, rows: pd.Series, what: str) -> str:
+    """One line saying what happened to the points of `rows` (a mask), naming up to three."""
+    ids = summary.loc[rows, "point_id"].astype(str).tolist()
+    return f"{where}: {len(ids)} point(s) {what}: {', '.join(ids[:3])}" + (", ..." if len(ids) > 3 else "")
+
+
+def screen(summary: pd.DataFrame, checks: list[tuple[str, pd.Series]], where) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of `summary` that pass every check (why a row fails it, mask of the rows that pass), and one line per
+    check that failed rows (a row counts under the first check it fails)."""
+    keep = pd.Series(True, index=summary.index)
+    notes = []
+    for why, ok in checks:
+        out = keep & ~ok.astype(bool)
+        if out.any():
+            notes.append(points_note(where, summary, out, f"left out, {why}"))
+        keep &= ~out
+    return summary[keep], notes
 
 
 def load_samples(run_dir: str | Path, columns: list[str] | None = None) -> pd.DataFrame:

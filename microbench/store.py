@@ -15,6 +15,8 @@ from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
 from microbench.records import SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointSummary, read_run_json
 
+CONSOLIDATED = ("summary.parquet", "summary.csv", "samples.parquet")
+
 
 class RunStore:
     def __init__(self, out: str | Path) -> None:
@@ -59,6 +61,14 @@ class RunStore:
 
     def write_run(self, meta: dict) -> None:
         atomic_write_json(self.out / "run.json", meta)
+
+    def start(self, meta: dict) -> None:
+        """run.json of a run about to measure, and no consolidated files until it ends: readers then read points/,
+        which a resumed run adds to, where a summary of the earlier sweep would hide what it adds if it is cut
+        short."""
+        for name in CONSOLIDATED:
+            (self.out / name).unlink(missing_ok=True)
+        self.write_run(meta)
 
     def consolidate(self) -> pd.DataFrame:
         """summary.parquet, summary.csv and samples.parquet from every finished point."""

@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
                          concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
         meta["memcpy_alias_slowdown"] = round(slowdown, 2)
         run_id = meta["run_id"]
-        store.write_run(meta)
+        store.start(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "

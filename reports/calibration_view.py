@@ -15,6 +15,9 @@ from reports.document import Note, Section, Table, Text
 from reports.plotting import COLORS, GB, US, log_values, new_figure, save_figure
 
 HELDOUT_LABEL = "held-out |relative error| (%)"
+COLOUR_RANGE = (1e-30, 1e30)
+"""Values the heatmaps' log colour scales show (matplotlib's colour bar fails on values near the smallest float);
+a cell outside it shows its number uncoloured."""
 
 
 def _pct(x) -> str:
@@ -126,9 +129,10 @@ def alpha_beta_heatmap(data: dict):
             ("1/beta (bandwidth term)", "GB/s", lambda m: 1 / m["beta_s_per_byte"] / GB
              if m["beta_s_per_byte"] > 0 else np.nan, "viridis"))):
         ops, links, vals = grid(data, value)
-        positive = vals[np.isfinite(vals) & (vals > 0)]
+        shown = np.where((vals >= COLOUR_RANGE[0]) & (vals <= COLOUR_RANGE[1]), vals, np.nan)
+        positive = shown[np.isfinite(shown)]
         norm = LogNorm(positive.min(), max(positive.max(), positive.min() * 1.01)) if positive.size else None
-        image = ax.imshow(np.where(vals > 0, vals, np.nan), cmap=cmap, norm=norm, aspect="auto")
+        image = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto")
         ax.grid(False)
         ax.set_xticks(range(len(links)), [c.replace(" ", "\n") for c in links])
         ax.set_yticks(range(len(ops)), ops)

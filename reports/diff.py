@@ -13,6 +13,9 @@ from reports.document import Table
 from reports.plotting import COLORS, GB, US, new_figure
 
 CHANGE_LABEL = "change from A to B (%)"
+SHOWN_PCT = 1000.0
+"""The farthest the figure's bars and bands reach (%); a larger change stops at the edge with its number beside it:
+more than tenfold needs no scale to be seen, and a change of a huge or tiny parameter would leave none."""
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,10 @@ class Change:
 
     @property
     def relative(self) -> float | None:
+        """b / a - 1; None where that is no finite number (a text, a missing side, a zero or infinite value)."""
         if isinstance(self.a, float) and isinstance(self.b, float) and self.a != 0:
-            return self.b / self.a - 1
+            rel = self.b / self.a - 1
+            return rel if np.isfinite(rel) else None
         return None
 
     @property
@@ -113,20 +118,21 @@ def figure(items: list[Change]):
         sel = [c for c in items if c.parameter == param and c.relative is not None]
         y = np.arange(len(sel))[::-1]
         rel = np.array([100 * c.relative for c in sel])
-        bands = [(yi, 100 * (c.a_ci[0] / c.a - 1), 100 * (c.a_ci[1] / c.a - 1)) for yi, c in zip(y, sel)
-                 if c.a_ci is not None and c.a and np.all(np.isfinite(c.a_ci))]
+        drawn = np.clip(rel, -SHOWN_PCT, SHOWN_PCT)
+        bands = [(yi, *np.clip(100 * (np.array(c.a_ci) / c.a - 1), -SHOWN_PCT, SHOWN_PCT)) for yi, c in zip(y, sel)
+                 if c.a_ci is not None and np.isfinite(c.a_ci).all()]
         for yi, lo, hi in bands:
             ax.fill_betweenx([yi - 0.4, yi + 0.4], lo, hi, color="0.85", linewidth=0)
         colors = [COLORS[3] if c.significant else COLORS[7] for c in sel]
-        ax.barh(y, rel, 0.55, color=colors)
-        for yi, r in zip(y, rel):
-            ax.annotate(f"{r:+.1f}%", (r, yi), xytext=(4 if r >= 0 else -4, 0), textcoords="offset points",
+        ax.barh(y, drawn, 0.55, color=colors)
+        for yi, r, x in zip(y, rel, drawn):
+            ax.annotate(f"{r:+.1f}%", (x, yi), xytext=(4 if r >= 0 else -4, 0), textcoords="offset points",
                         ha="left" if r >= 0 else "right", va="center", fontsize=8)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_yticks(y, [c.subject + switched.get(c.subject, "") for c in sel])
         ax.set_xlabel(CHANGE_LABEL)
         ax.set_title(param)
-        span = max(5.0, np.abs(rel).max() * 1.35, *(1.1 * max(abs(lo), abs(hi)) for _, lo, hi in bands))
+        span = max(5.0, np.abs(drawn).max() * 1.35, *(1.1 * max(abs(lo), abs(hi)) for _, lo, hi in bands))
         ax.set_xlim(-span, span)
     if not params:
         axes[0].text(0.5, 0.5, "no numeric parameter in common", ha="center", va="center",

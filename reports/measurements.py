@@ -42,6 +42,7 @@ def section(runs: RunSet | None, cal, root: Path) -> Section:
     blocks = [Text("Medians of the per-iteration time (maximum over ranks), with the 95% confidence interval "
                    "of each median as error bars; bus bandwidth uses the nccl-tests definition."),
               overview(runs)]
+    blocks += [Note(why, "warning") for why in runs.notes]
     if cal is None:
         blocks.append(Note("No calibration given (--calibration CAL): curves are drawn without the fitted "
                            "model and without residuals."))

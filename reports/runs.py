@@ -5,14 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from microbench.errors import UsageError
-from microbench.records import load_summary, read_run_json
+from microbench.ops import OPS, known_dtype
+from microbench.records import (LINK_CLASSES, as_numbers, load_summary, points_note, positive, read_run_json, screen,
+                                whole)
 
-NEEDED = ("run_id", "backend", "op", "link", "procs", "dtype", "size_bytes",
-          "median_s", "ci_low_s", "ci_high_s")
-NUMERIC = ("procs", "size_bytes", "median_s", "ci_low_s", "ci_high_s")
+NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
+CI = ("ci_low_s", "ci_high_s")
+"""The median's confidence interval: drawn as error bars where the summary has one."""
 CURVE_KEYS = ("backend", "op", "link", "procs", "dtype")
 """One measured curve (latency against size) per distinct value of these columns."""
 
@@ -25,10 +28,12 @@ class Run:
 
 @dataclass(frozen=True)
 class RunSet:
-    """The runs a report covers and their summary rows, concatenated, sorted by curve and size."""
+    """The runs a report covers and their drawable summary rows, concatenated, sorted by curve and size; `notes`
+    says, one line each, what the figures leave out or draw without error bars, and why."""
 
     runs: tuple[Run, ...]
     summary: pd.DataFrame
+    notes: tuple[str, ...] = ()
 
     def op_links(self) -> list[tuple[str, str]]:
         """(op, link) pairs measured, in first-seen order of the sorted summary."""
@@ -41,9 +46,39 @@ class RunSet:
                 for key, part in rows.groupby(list(CURVE_KEYS), sort=True)]
 
 
+def drawable(frame: pd.DataFrame, where) -> tuple[pd.DataFrame, list[str]]:
+    """The rows a figure can draw (numbers where the format has numbers, a known operation, link class and dtype),
+    with both ends of every CI that is not a positive interval around its median made NaN (no error bar); and what
+    was left out or drawn without error bars, one line each."""
+    has_ci = all(col in frame for col in CI)
+    notes = [] if has_ci else [f"{where}: the summary has no {' or '.join(CI)}: its points are drawn without "
+                               f"error bars"]
+    frame = as_numbers(frame if has_ci else frame.assign(**dict.fromkeys(CI, np.nan)),
+                       ("procs", "size_bytes", "median_s", *CI))
+    named = frame[["backend", "dtype"]].map(lambda v: isinstance(v, str)).all(axis=1)
+    frame, left_out = screen(frame, [
+        ("not a known operation", frame["op"].isin(list(OPS))),
+        ("not a link class", frame["link"].isin(LINK_CLASSES)),
+        ("no backend or dtype", named),
+        ("a dtype of unknown size", (frame["op"] != "gemm") | frame["dtype"].map(known_dtype)),
+        ("a process count that is not a whole number >= 1", whole(frame["procs"], 1)),
+        ("a size that is not a positive number", positive(frame["size_bytes"])),
+        ("a median that is not a positive number of seconds", positive(frame["median_s"]))], where)
+    lo, hi, median = (frame[col] for col in (*CI, "median_s"))
+    valid = positive(lo) & (lo <= median) & (median <= hi) & positive(hi)
+    missing = lo.isna() & hi.isna()
+    for rows, why in ((missing, "no confidence interval (too few samples for one, or none recorded)"),
+                      (~valid & ~missing, "a confidence interval that is not a positive interval around the median")):
+        if has_ci and rows.any():
+            left_out.append(points_note(where, frame, rows, f"drawn without error bars, {why}"))
+    frame = frame.assign(ci_low_s=lo.where(valid), ci_high_s=hi.where(valid))
+    return frame.astype({"procs": "int64", "size_bytes": "int64"}), notes + left_out
+
+
 def load_runs(paths: list[str | Path]) -> RunSet:
-    """Read each run directory; UsageError for anything missing, corrupt or of the wrong shape."""
-    runs, frames = [], []
+    """Read each run directory (UsageError for one that is missing, corrupt or lacks a needed column) and keep the
+    points a figure can draw, noting the rest."""
+    runs, frames, notes = [], [], []
     for p in paths:
         path = Path(p)
         meta = read_run_json(path)
@@ -51,15 +86,12 @@ def load_runs(paths: list[str | Path]) -> RunSet:
         missing = [c for c in NEEDED if c not in frame.columns]
         if missing:
             raise UsageError(f"{path}: summary lacks column(s) {', '.join(missing)}")
-        for col in NUMERIC:
-            if not pd.api.types.is_numeric_dtype(frame[col]):
-                raise UsageError(f"{path}: summary column {col} is not numeric")
-        if frame.empty:
-            raise UsageError(f"{path}: run holds no finished points")
+        frame, why = drawable(frame, path)
         runs.append(Run(path, meta))
         frames.append(frame)
+        notes += why
     summary = pd.concat(frames, ignore_index=True).sort_values([*CURVE_KEYS, "size_bytes"], ignore_index=True)
-    return RunSet(tuple(runs), summary)
+    return RunSet(tuple(runs), summary, tuple(notes))
 
 
 def curve_label(key: dict, varying: set[str]) -> str:

@@ -246,8 +246,9 @@ def paired_bars_figure(frame: pd.DataFrame):
                                                (0.2, "predicted", COLORS[1], "predicted_low_s", "predicted_high_s")):
             y = rows[f"{kind}_s"].to_numpy() * MS
             err = None
-            if low in rows and high in rows:
-                err = [y - rows[low].to_numpy() * MS, rows[high].to_numpy() * MS - y]
+            if low in rows and high in rows:   # a side that does not hold the bar's value draws no whisker
+                err = [np.where(e >= 0, e, np.nan) for e in (y - rows[low].to_numpy() * MS,
+                                                              rows[high].to_numpy() * MS - y)]
             ax.bar(x + offset, y, 0.4, yerr=err, capsize=2, color=color, label=kind)
             if f"{kind}_comm_s" in rows:
                 ax.bar(x + offset, rows[f"{kind}_comm_s"].to_numpy() * MS, 0.4, fill=False, hatch="///",

@@ -303,3 +303,11 @@ def test_validation_table_allows_unknown_intervals_but_not_missing_times(tmp_pat
         broken.to_parquet(val / "strategies.parquet")
         with pytest.raises(UsageError, match=col):
             validation_view.load_validation(val)
+
+
+def test_an_interval_that_does_not_hold_its_value_draws_no_whisker(tmp_path):
+    frame = validation_view.load_validation(write_validation(tmp_path / "v")).strategies
+    frame.loc[0, "measured_ci_low_s"] = 2 * frame.loc[0, "measured_s"]     # a hand-edited table can say anything
+    fc1 = next(ax for ax in validation_view.paired_bars_figure(frame).axes if ax.get_title() == "layer mlp.fc1")
+    measured = next(c for c in fc1.containers if c.get_label() == "measured")
+    assert len(measured.errorbar.lines[2][0].get_segments()) == 3   # every bar keeps its whisker's drawable side
