@@ -18,6 +18,7 @@ from microbench.backends import BACKENDS
 from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
 from microbench.stats import StopRule
+from microbench.threads import LEVELS, choose
 
 ALLOCATORS = ("cache", "system")
 QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
                    help="mpi: numpy buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL "
                         "(the calibration must come from a sweep with the same backend)")
+    p.add_argument("--thread-level", choices=LEVELS,
+                   help="the MPI thread level to ask for (default: MPI4PY_RC_THREAD_LEVEL if set, else the lowest "
+                        "the harness needs: single; funneled for the GPU backends); recorded in run.json")
     add_nics_argument(p)
     p.add_argument("--quick", action="store_true",
                    help=f"small default layers ({' '.join(QUICK_LAYERS)}), loose target, short budget")
@@ -122,6 +126,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer]], 
 
 def run(args: argparse.Namespace) -> int:
     cfg, layers, cal = prepare(args)
+    args.thread_choice = choose(args.thread_level, args.backend)   # before validate_run initialises MPI
     from analysis import validate_run
 
     return validate_run.main(args, cfg, layers, cal)

@@ -19,6 +19,7 @@ from analysis.options import report_fallbacks
 from analysis.pricing import after_compute
 from analysis.validate_plan import contenders, plan
 from microbench import memcopy, provenance
+from microbench.threads import choose, record
 from microbench.errors import UsageError
 from microbench.backends import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
@@ -169,7 +170,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
         "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
         "mpi_library_version": provenance.mpi_library_version(), "versions": provenance.software_versions(),
-        "environment": provenance.relevant_environment(), "cpu_steal": steal})
+        "environment": provenance.relevant_environment(), "cpu_steal": steal,
+        "mpi_thread_level": record(getattr(args, "thread_choice", None) or choose(None))})
     print(f"validate: wrote {out} ({len(frame)} strategies)")
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):

@@ -10,9 +10,11 @@ from microbench import records
 from microbench.backends import BACKENDS, backend_for
 from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
-from microbench.ops import parse_ops
+from microbench.methods import METHODS, method_for
+from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
 from microbench.stats import StopRule
+from microbench.threads import LEVELS, choose
 from microbench.topology import parse_links, parse_procs
 
 QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", target_ci=0.05, point_budget=0.25, min_samples=10,
@@ -49,10 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-policy", choices=PAGE_POLICIES, default="nohugepage",
                    help="huge pages for numpy buffers (default nohugepage: buffers like a C program's malloc, "
                         "so figures compare with OSU/IMB; hugepage is what numpy-based applications get)")
-    p.add_argument("--cache", choices=CACHE_MODES, default="cold",
+    p.add_argument("--cache", choices=CACHE_MODES,
                    help="cold (default): iterations rotate through copies of their buffers spanning 64 MiB, so each "
                         "call (collective, gemm or copy) finds them out of cache, as a step of training does; "
-                        "warm: one pair reused, the back-to-back figure most benchmarks report")
+                        "warm: one pair reused, the back-to-back figure most benchmarks report (and what every "
+                        "--method other than commcal uses)")
+    p.add_argument("--method", choices=tuple(METHODS), default="commcal",
+                   help="commcal (default): each call after a barrier, max over ranks, median with a CI; osu, "
+                        "osu-window (osu_bw, pingpong only), imb, nccl-tests: a reference mode that times as that "
+                        "peer does, in its size convention, to reproduce its table (docs/peers.md)")
+    p.add_argument("--thread-level", choices=LEVELS,
+                   help="the MPI thread level to ask for (default: MPI4PY_RC_THREAD_LEVEL if set, else the lowest "
+                        "the work needs: single; funneled for the GPU backends)")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
                         "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
@@ -94,12 +104,33 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
     rounds = pick("rounds", 3)
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
-    return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
+    ops, cache = reference_ops(args)
+    return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
                        rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
-                       concurrent=args.concurrent, rounds=rounds, cache=args.cache, gap_ms=args.gap_ms,
+                       concurrent=args.concurrent, rounds=rounds, cache=cache, gap_ms=args.gap_ms,
                        after_gemm=args.after_gemm,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
+
+
+def reference_ops(args: argparse.Namespace) -> tuple[tuple, str]:
+    """(operations, buffer cache mode) for --method: a reference mode times communication only, back to back on
+    warm buffers, so its default operations are the peers' (no gemm or copy) and it refuses the conditions that
+    would make it commcal's method again."""
+    method = method_for(args.method, [op.name for op in parse_ops(args.ops)] if args.ops else ())
+    if not method.reference:
+        return tuple(parse_ops(args.ops)), args.cache or "cold"
+    if args.cache == "cold" or args.gap_ms or args.after_gemm or args.concurrent or args.in_place:
+        raise UsageError(f"--method {method.name} times the peer's way, back to back on warm buffers: drop --cache "
+                         f"cold, --gap-ms, --after-gemm, --concurrent and --in-place")
+    if not args.ops:
+        names = ["pingpong"] if method.name == "osu-window" else \
+            [name for name, op in OPS.items() if op.kind != "compute" and name != "sendrecv"]
+        return tuple(parse_ops(",".join(names))), "warm"
+    local = [op.name for op in parse_ops(args.ops) if op.name in LOCAL_OPS]
+    if local:
+        raise UsageError(f"--method {method.name} measures communication only, not {', '.join(local)}")
+    return tuple(parse_ops(args.ops)), "warm"
 
 
 def launcher_task_count() -> int | None:
@@ -126,6 +157,8 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
     advice (`pages`: set_page_policy's answer now): its points would not pool with calls timed otherwise."""
     had = records.conditions(earlier.get("options", {})) if earlier else conditions
     now = conditions | {"page_policy": records.page_advice(pages)}
+    if earlier:
+        had = had | {"method": records.timing_method(earlier)}
     if earlier and (advice := records.page_advice(earlier.get("page_policy"))):
         had = had | {"page_policy": advice}
     for name, value in had.items():
@@ -136,7 +169,10 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    threads = choose(args.thread_level, args.backend)      # before MPI is initialised
     from mpi4py import MPI
+
+    from microbench.threads import record
 
     from microbench import memcopy, provenance, sweep
     from microbench.store import RunStore
@@ -156,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     per_rank = world.allreduce(sweep.available_memory_bytes() // ranks_here, op=MPI.MIN)
     sweep.check_memory(points, per_rank, cfg.cache)
 
-    conditions = records.conditions(vars(cfg))
+    conditions = records.conditions(vars(cfg)) | {"method": cfg.method}
     page_policy = set_page_policy(args.page_policy)
     store = RunStore(args.out)
     error = None
@@ -185,13 +221,15 @@ def run(args: argparse.Namespace) -> int:
                          rounds=cfg.rounds,
                          concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
         meta["memcpy_alias_slowdown"] = round(slowdown, 2)
+        meta["mpi_thread_level"] = record(threads)
         run_id = meta["run_id"]
         store.start(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
         print(f"commcal sweep: {len(points)} points ({finished} already done, {partly} partly), {cfg.rounds} rounds, "
               f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}, "
-              f"{cfg.cache} buffers" + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else "")
+              f"{cfg.cache} buffers, method {cfg.method}, MPI thread level {meta['mpi_thread_level']['provided']}"
+              + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else "")
               + (f", a {cfg.after_gemm}x{cfg.after_gemm} GEMM before each call" if cfg.after_gemm else ""),
               flush=True)
         if warning := memcopy.advice(slowdown):
