@@ -18,10 +18,11 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from microbench.errors import UsageError
 
 SCHEMA = "commcal.calibration"
-VERSION = 9
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+VERSION = 10
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
-provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep)."""
+provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added
+provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

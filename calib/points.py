@@ -53,7 +53,18 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "versions": {str(k): str(v) for k, v in versions.items()},
             **records.conditions(meta.get("options", {}), f"{run_dir}/run.json"),
             **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
-            **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {})}
+            "method": records.timing_method(meta),
+            **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {}),
+            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {})}
+
+
+def _thread_level(meta: dict) -> dict | None:
+    """run.json's mpi_thread_level as the calibration keeps it (requested and provided), None where the run does
+    not record it (sweeps before it: mpi4py's default, multiple, was asked for)."""
+    level = meta.get("mpi_thread_level")
+    if not isinstance(level, dict):
+        return None
+    return {k: str(level.get(k, "unknown")) for k in ("requested", "provided")}
 
 
 STEAL_WARN = 0.05
@@ -156,8 +167,9 @@ def check_pages(runs) -> None:
 
 
 def method(run: dict) -> str:
-    """How a run's times were taken: its origin's method for imported peer logs (calib.peers), else 'commcal'."""
-    return str(run.get("origin", {}).get("method", "commcal"))
+    """How a run's times were taken: its origin's method for imported peer logs (calib.peers), a sweep's --method
+    (a reference mode shares the peer's name: `sweep --method osu` fits with imported OSU logs), else 'commcal'."""
+    return str(run.get("origin", {}).get("method") or run.get("method") or "commcal")
 
 
 def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool = False) -> RunSet:

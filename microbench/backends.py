@@ -245,6 +245,20 @@ class NcclTimer:
         stream.synchronize()
         return np.array([cupy.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in pairs])
 
+    def peer(self, op, code: int, comm, send, recv, lay, dtype: str, iters: int, style: int) -> float:
+        """nccl-tests' loop: `iters` calls queued back to back on the stream after a barrier, timed by CUDA events
+        around the whole loop (this rank's seconds; the other styles are MPI's and time the same here)."""
+        cupy, stream = self.b.cupy, self.b.stream
+        stream.synchronize()
+        comm.Barrier()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        for _ in range(iters):
+            self.b.launch(op, comm, send, recv)
+        end.record(stream)
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) * 1e-3
+
 
 BACKENDS = {"mpi": MpiBackend, "mpi-cuda": CudaMpiBackend, "nccl": NcclBackend}
 GPU_GEMM_DTYPES = ("float32", "float16", "bfloat16")

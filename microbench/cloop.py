@@ -64,3 +64,12 @@ def load(path: Path):
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                    ctypes.c_double, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
     return fn
+
+
+def load_peer(path: Path):
+    """The loaded function commcal_peer (a peer's loop, microbench/methods.py) with its argument types set."""
+    fn = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL).commcal_peer
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+    return fn

@@ -13,12 +13,13 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from microbench import cloop
+from microbench import cloop, methods
 from microbench.buffers import Pool, Slots, address
 from microbench.ops import Layout, Op, gemm_flops, gemm_wrong, numpy_dtype
 from microbench.stats import Estimate, StopRule, estimate, sample_until_done
 
-MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE}
+MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.CHAR, "uint8": MPI.BYTE}
+"""What each element type is sent as: int8 as MPI_CHAR (OSU's type), uint8 as MPI_BYTE (IMB's)."""
 
 
 class PythonTimer:
@@ -40,14 +41,52 @@ class PythonTimer:
             out[i] = wtime() - t0
         return out
 
+    def peer(self, op: Op, code: int, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int,
+             style: int) -> float:
+        """This rank's timed seconds of a peer's loop (timeloop.c's commcal_peer, through mpi4py)."""
+        call = _peer_call(op, code, comm, lay)
+        wtime, total = MPI.Wtime, 0.0
+        if style == methods.STYLE_LOOP:
+            comm.Barrier()
+            t0 = wtime()
+            for _ in range(iters):
+                call(send, recv)
+            return wtime() - t0
+        for _ in range(iters):
+            t0 = wtime()
+            call(send, recv)
+            total += wtime() - t0
+            if style == methods.STYLE_EACH_BARRIER:
+                comm.Barrier()
+        return total
+
+
+def _peer_call(op: Op, code: int, comm: MPI.Comm, lay: Layout) -> Callable[[Any, Any], None]:
+    """One call as timeloop.c's code makes it: 8, MPI_Reduce_scatter with equal counts; 9, osu_bw's window."""
+    if code == methods.CODE_REDUCE_SCATTER:
+        counts = [lay.block] * comm.size
+        return lambda s, r: comm.Reduce_scatter(s, r, recvcounts=counts, op=MPI.SUM)
+    if code == methods.CODE_WINDOW:
+        ack = np.zeros(1, dtype=np.int8)
+
+        def window(s, r) -> None:
+            if comm.rank == 0:
+                MPI.Request.Waitall([comm.Isend(s, dest=1, tag=100) for _ in range(methods.WINDOW)])
+                comm.Recv(ack, source=1, tag=101)
+            else:
+                MPI.Request.Waitall([comm.Irecv(r, source=0, tag=100) for _ in range(methods.WINDOW)])
+                comm.Send(ack, dest=0, tag=101)
+        return window
+    return lambda s, r: op.invoke(comm, s, r)
+
 
 class CompiledTimer:
     """Times calls from the compiled loop of timeloop.c, driven through the communicator's handle."""
 
     path = "c"
 
-    def __init__(self, fn) -> None:
-        self._fn = fn
+    def __init__(self, fn, peer_fn=None) -> None:
+        self._fn, self._peer = fn, peer_fn
 
     def run(self, op: Op, comm: MPI.Comm, slots: Slots, first: int, lay: Layout, dtype: str,
             iters: int, gap: float = 0.0, bar: MPI.Comm | None = None) -> np.ndarray:
@@ -59,6 +98,15 @@ class CompiledTimer:
         if rc != 0:
             raise RuntimeError(f"MPI error {rc} in the compiled loop ({op.name})")
         return out
+
+    def peer(self, op: Op, code: int, comm: MPI.Comm, send, recv, lay: Layout, dtype: str, iters: int,
+             style: int) -> float:
+        out = cloop.ctypes.c_double(0.0)
+        rc = self._peer(code, comm.py2f(), address(send), address(recv), lay.send_count, lay.block,
+                        MPI_DTYPES[dtype].py2f(), MPI.SUM.py2f(), iters, style, cloop.ctypes.byref(out))
+        if rc != 0:
+            raise RuntimeError(f"MPI error {rc} in the compiled peer loop ({op.name})")
+        return out.value
 
 
 def make_timer(world: MPI.Comm, choice: str) -> tuple[Any, str]:
@@ -78,7 +126,7 @@ def make_timer(world: MPI.Comm, choice: str) -> tuple[Any, str]:
     timer, ok = None, note.endswith(".so")
     if ok:
         try:
-            timer = CompiledTimer(cloop.load(cloop.Path(note)))
+            timer = CompiledTimer(cloop.load(cloop.Path(note)), cloop.load_peer(cloop.Path(note)))
         except OSError as exc:
             ok, note = False, f"load failed: {exc}"
     all_ok = world.allreduce(int(ok), op=MPI.MIN) == 1
@@ -96,6 +144,7 @@ class Measurement:
     wrong: int
     flops: float = 0.0
     in_place: bool = False
+    loop: int = 0            # a reference mode's calls per loop (each sample is one loop's mean); 0: commcal's
 
 
 def _count_wrong(op: Op, backend: Any, comm: MPI.Comm, lay: Layout, dtype: str, in_place: bool) -> int:
@@ -160,6 +209,39 @@ def measure_collective(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: St
         wrong += _count_wrong(op, backend, comm, lay, dtype, in_place)
     wrong = ctrl.allreduce(wrong, op=MPI.SUM)
     return Measurement(samples, est, wrong, in_place=in_place)
+
+
+def measure_peer(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule, timer: Any, backend: Any,
+                 method: methods.Method, checks: tuple[bool, bool] = (True, True)) -> Measurement:
+    """Measure one operation the peer's way (sweep --method): warm buffers, the peer's warm-up calls, then loops
+    of back-to-back calls until the stopping rule says done. Each sample is one loop's mean seconds per call (per
+    message for osu-window), combined over ranks as the peer does (methods.combine_ranks); lay.requested_bytes is
+    the size in the peer's convention."""
+    wrong = _count_wrong(op, backend, comm, lay, dtype, False) if checks[0] else 0
+    send, recv = op.fill(backend.xp, lay, dtype, comm.rank, comm.size)
+    backend.sync()
+    code, style = method.c_code(op.name, op.c_code), method.style(op.name)
+    scale = op.time_scale / (methods.WINDOW if code == methods.CODE_WINDOW else 1)
+    _, skip = method.loop(op.name, lay.requested_bytes)
+    warm = max(skip, 2)
+    per_call = comm.allreduce(timer.peer(op, code, comm, send, recv, lay, dtype, warm, style) / warm, op=MPI.MAX)
+    iters = method.loop_length(op.name, lay.requested_bytes, per_call, rule.budget_s, rule.min_samples)
+    how = method.rank_combine(op.name)
+
+    def batch(loops: int) -> tuple[np.ndarray, float]:
+        t0 = time.perf_counter()
+        local = np.array([timer.peer(op, code, comm, send, recv, lay, dtype, iters, style) / iters
+                          for _ in range(loops)])
+        wall = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        every = np.empty((comm.size, loops))
+        comm.Allgather(local, every)
+        return methods.combine_ranks(every, how) * scale, wall
+
+    samples = sample_until_done(batch, rule, per_call * iters)
+    if checks[1]:
+        wrong += _count_wrong(op, backend, comm, lay, dtype, False)
+    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    return Measurement(samples, estimate(samples), wrong, loop=iters)
 
 
 def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: StopRule, ctrl: MPI.Comm | None,

@@ -125,6 +125,16 @@ def conditions(options: dict, where: str = "run.json") -> dict:
             from None
 
 
+def timing_method(meta: dict) -> str:
+    """How a run's times were taken (microbench.methods): an imported peer log's origin method, a sweep's --method,
+    or 'commcal' (sweeps before --method)."""
+    origin = meta.get("origin")
+    if isinstance(origin, dict) and origin.get("method"):
+        return str(origin["method"])
+    options = meta.get("options")
+    return str(options.get("method") or "commcal") if isinstance(options, dict) else "commcal"
+
+
 def page_advice(policy: str | None) -> str | None:
     """'hugepage' or 'nohugepage', the advice a run.json's page_policy (buffers.set_page_policy's answer) put
     in force on numpy's buffers; None when it does not say."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from microbench import driver
+from microbench import driver, methods
 from microbench.buffers import POOL_BYTES, Pool
 from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
@@ -38,6 +38,7 @@ class SweepConfig:
     cache: str = "cold"
     gap_ms: float = 0.0
     after_gemm: int = 0
+    method: str = "commcal"      # methods.METHODS: commcal's own timing, or a peer's (a reference mode)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ class PlannedPoint:
 
 def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
     """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm and copy on
-    rank 0, or on every rank at once when concurrent."""
+    rank 0, or on every rank at once when concurrent. In a reference mode (cfg.method) each size is in the peer's
+    convention (the point's requested_bytes) and the element type is the peer's."""
+    method = methods.method_for(cfg.method)
     points = []
     for op in cfg.ops:
         if op.kind == "compute":
@@ -77,9 +80,11 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
                     continue
                 together = tiles(link, p, hosts) if cfg.concurrent else (group,)
                 per_node = groups_per_node(together, hosts)
+                dtype = method.dtype(op.name)
                 for size in cfg.sizes:
-                    lay = op.layout(size, p, itemsize(COMM_DTYPE))
-                    key = PointKey(cfg.backend, op.name, link, p, size, COMM_DTYPE, len(together))
+                    lay = replace(op.layout(method.commcal_bytes(op.name, size, p), p, itemsize(dtype)),
+                                  requested_bytes=size)
+                    key = PointKey(cfg.backend, op.name, link, p, size, dtype, len(together))
                     points.append(PlannedPoint(key, op, group, lay, together, per_node))
     return points
 
@@ -217,6 +222,9 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             if pt.op.kind == "compute":
                 together = ctrl if len(pt.groups) > 1 else None
                 m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, rule, backend, together, pool)
+            elif cfg.method != "commcal":
+                m = driver.measure_peer(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend,
+                                        methods.method_for(cfg.method), checks)
             else:
                 in_place = cfg.in_place and pt.op.name in backend.in_place_ops
                 m = driver.measure_collective(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend, in_place,

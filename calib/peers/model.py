@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from microbench.methods import METHODS
 from microbench.errors import UsageError
 
 ITEMSIZE = {"int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4,
@@ -80,11 +81,10 @@ def whole(path: str | Path, line: int, text: str, what: str) -> int:
     return int(text)
 
 
-PER_RANK_OPS = ("allgather", "alltoall")
 """Operations whose size OSU and IMB give per rank (each rank's contribution; alltoall: to each peer) where commcal,
 as nccl-tests, counts the whole gathered or sent buffer of p blocks."""
 
 
 def mpi_total_bytes(op: str, size: int, procs: int) -> int:
-    """An OSU or IMB size in commcal's convention."""
-    return size * procs if op in PER_RANK_OPS else size
+    """An OSU or IMB size in commcal's convention (the reference modes' rule, microbench.methods)."""
+    return METHODS["osu"].commcal_bytes(op, size, procs)
