@@ -14,7 +14,11 @@ import ctypes
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
+
+from microbench.threads import choose
+
+THREADS = choose(None)   # the level a sweep asks for (single, or MPI4PY_RC_THREAD_LEVEL), before MPI starts
+from mpi4py import MPI  # noqa: E402
 
 from microbench import cloop
 from microbench.backends import MpiBackend
@@ -81,7 +85,9 @@ def main() -> None:
                 medians.setdefault((name, size, "C repeat"), []).append(again)
                 ratios.setdefault((name, size, "C repeat"), []).append(again / c_ref)
     if world.rank == 0:
-        print(f"# {MPI.Get_library_version().splitlines()[0]}; timing: {note}; {args.rounds} rounds")
+        level = MPI.Query_thread()
+        print(f"# {MPI.Get_library_version().splitlines()[0]}; timing: {note}; {args.rounds} rounds; MPI thread "
+              f"level {THREADS['requested']} requested, {level} provided (0 single .. 3 multiple)")
         print(f"{'op':<10} {'size':>8} {'path':<12} {'median us':>10} {'ratio to C (median of rounds)':>30}")
         for (name, size, label), vals in sorted(medians.items()):
             r = ratios.get((name, size, label))

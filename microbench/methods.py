@@ -9,8 +9,8 @@ the peer's loops (its figure: the loop's mean time per call), combined over rank
   reports half their mean; a collective times each call, then a barrier (outside the timed region), and reports
   each rank's mean averaged over ranks. MPI_CHAR data. Sizes of allgather and alltoall are per rank.
 - osu-window (osu_bw): 64 messages in flight from rank 0, then a 1-byte acknowledgement; the time per message.
-- imb (IMB-MPI1 2021.11): a barrier, then the loop back to back; the loop time / n averaged over ranks (t_avg;
-  PingPong: half the round trip). MPI_BYTE data, MPI_FLOAT for reductions. Sizes of allgather and alltoall are
+- imb (IMB-MPI1 2021.11): a barrier, then the loop back to back; the loop time / n of the slowest rank (t_max,
+  the column `commcal import` keeps; PingPong: half the round trip). MPI_BYTE data, MPI_FLOAT for reductions. Sizes of allgather and alltoall are
   per rank; reduce_scatter calls MPI_Reduce_scatter as OSU's does.
 - nccl-tests: a back-to-back loop of 20 calls after 5 warm-up calls, its time / 20 averaged over ranks; sizes
   and algbw/busbw already follow nccl-tests in commcal (float32).
@@ -42,7 +42,7 @@ MIN_LOOP = 8
 class Method:
     name: str
     peer: str                         # "commcal", "osu", "imb", "nccl-tests"
-    combine: str                      # over ranks: "max" (per call), "mean" or "rank0" (of each rank's loop mean)
+    combine: str                      # over ranks: "max", "mean" or "rank0" (of each call for commcal, else of loop means)
     per_rank_sizes: bool = False      # allgather/alltoall sizes are one rank's block
     statistic: str = ""
 
@@ -103,7 +103,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("osu", "osu", "mean", True, "mean of a back-to-back loop, averaged over ranks (osu_latency: rank 0, "
                                        "half the round trip)"),
     Method("osu-window", "osu", "rank0", statistic="time per message with 64 in flight (osu_bw), rank 0"),
-    Method("imb", "imb", "mean", True, "loop time / n after a barrier, averaged over ranks (t_avg)"),
+    Method("imb", "imb", "max", True, "loop time / n after a barrier, slowest rank (t_max)"),
     Method("nccl-tests", "nccl-tests", "mean", statistic="loop time / 20, averaged over ranks"),
 )}
 

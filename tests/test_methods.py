@@ -66,10 +66,11 @@ def test_styles_and_codes():
 
 def test_rank_statistics():
     per_rank = np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 9.0]])      # 2 ranks x 3 loops
-    assert combine_ranks(per_rank, "mean").tolist() == [2.0, 2.0, 6.0]    # OSU's avg, IMB's t_avg
-    assert combine_ranks(per_rank, "max").tolist() == [3.0, 2.0, 9.0]     # commcal's
+    assert combine_ranks(per_rank, "mean").tolist() == [2.0, 2.0, 6.0]    # OSU's avg
+    assert combine_ranks(per_rank, "max").tolist() == [3.0, 2.0, 9.0]     # commcal's (per call), IMB's t_max
     assert combine_ranks(per_rank, "rank0").tolist() == [1.0, 2.0, 3.0]   # osu_latency's rank 0
     assert METHODS["osu"].rank_combine("pingpong") == "rank0" and METHODS["osu"].rank_combine("bcast") == "mean"
+    assert METHODS["imb"].rank_combine("allreduce") == "max"
 
 
 def test_unknown_method_and_window_on_collectives_are_refused():
