@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from microbench import cloop, methods
-from microbench.buffers import Pool, Slots, address
+from microbench.buffers import Pool, Slots, address, page_aligned
 from microbench.ops import Layout, Op, gemm_flops, gemm_wrong, numpy_dtype
 from microbench.stats import Estimate, StopRule, estimate, sample_until_done
 
@@ -218,7 +218,7 @@ def measure_peer(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule
     message for osu-window), combined over ranks as the peer does (methods.combine_ranks); lay.requested_bytes is
     the size in the peer's convention."""
     wrong = _count_wrong(op, backend, comm, lay, dtype, False) if checks[0] else 0
-    send, recv = op.fill(backend.xp, lay, dtype, comm.rank, comm.size)
+    send, recv = (page_aligned(backend.xp, a) for a in op.fill(backend.xp, lay, dtype, comm.rank, comm.size))
     backend.sync()
     code, style = method.c_code(op.name, op.c_code), method.style(op.name)
     scale = op.time_scale / (methods.WINDOW if code == methods.CODE_WINDOW else 1)
