@@ -14,7 +14,7 @@ from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
 from microbench.stats import StopRule
-from microbench.threads import LEVELS, choose
+from microbench.threads import LEVELS, choose, record
 from microbench.topology import parse_links, parse_procs
 
 QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", target_ci=0.05, point_budget=0.25, min_samples=10,
@@ -171,8 +171,6 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
 def run(args: argparse.Namespace) -> int:
     threads = choose(args.thread_level, args.backend)      # before MPI is initialised
     from mpi4py import MPI
-
-    from microbench.threads import record
 
     from microbench import memcopy, provenance, sweep
     from microbench.store import RunStore
