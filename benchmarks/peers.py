@@ -80,7 +80,8 @@ def build(peer: str, mpicc: str) -> tuple[Path | None, str]:
         with tempfile.TemporaryDirectory(prefix=f"commcal-{peer}-") as tmp:
             with tarfile.open(tars[0]) as tf:
                 tf.extractall(tmp, filter="data")
-            src = next(p for p in Path(tmp).iterdir() if p.is_dir())
+            top = Path(tmp)   # IMB's tarball has no top directory, OSU's has one
+            src = top if (top / "Makefile").is_file() else next(p for p in top.iterdir() if p.is_dir())
             if peer == "osu":
                 _run_build(["./configure", f"CC={mpicc}", f"CXX={env['CXX']}"], src, env)
                 _run_build(["make", "-j2"], src, env)

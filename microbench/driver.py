@@ -18,7 +18,8 @@ from microbench.buffers import Pool, Slots, address, page_aligned
 from microbench.ops import Layout, Op, gemm_flops, gemm_wrong, numpy_dtype
 from microbench.stats import Estimate, StopRule, estimate, sample_until_done
 
-MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.CHAR, "uint8": MPI.BYTE}
+MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.CHAR, "uint8": MPI.BYTE,
+              "int32": MPI.INT}
 """What each element type is sent as: int8 as MPI_CHAR (OSU's type), uint8 as MPI_BYTE (IMB's)."""
 
 

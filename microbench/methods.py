@@ -7,7 +7,7 @@ the peer's loops (its figure: the loop's mean time per call), combined over rank
 
 - osu (OSU Micro-Benchmarks 7.5): osu_latency times each round trip back to back on rank 0 (no barrier) and
   reports half their mean; a collective times each call, then a barrier (outside the timed region), and reports
-  each rank's mean averaged over ranks. MPI_CHAR data. Sizes of allgather and alltoall are per rank.
+  each rank's mean averaged over ranks. MPI_CHAR data (MPI_INT for reductions). Sizes of allgather and alltoall are per rank.
 - osu-window (osu_bw): 64 messages in flight from rank 0, then a 1-byte acknowledgement; the time per message.
 - imb (IMB-MPI1 2021.11): a barrier, then the loop back to back; the loop time / n of the slowest rank (t_max,
   the column `commcal import` keeps; PingPong: half the round trip). MPI_BYTE data, MPI_FLOAT for reductions. Sizes of allgather and alltoall are
@@ -26,6 +26,7 @@ from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE
 
 PER_RANK_OPS = ("allgather", "alltoall")
+REDUCTIONS = ("allreduce", "reduce", "reduce_scatter")
 """Operations whose OSU and IMB size is one rank's block (commcal's: the whole gathered or sent buffer)."""
 
 STYLE_EACH, STYLE_EACH_BARRIER, STYLE_LOOP = 0, 1, 2
@@ -55,11 +56,12 @@ class Method:
         return size * procs if self.per_rank_sizes and op in PER_RANK_OPS else size
 
     def dtype(self, op: str) -> str:
-        """The element type the peer sends: OSU MPI_CHAR; IMB MPI_FLOAT for reductions, else MPI_BYTE."""
+        """The element type the peer sends: OSU MPI_INT for reductions, else MPI_CHAR; IMB MPI_FLOAT for reductions,
+        else MPI_BYTE (each binary's '# Datatype' line, and IMB's table headers)."""
         if self.peer == "osu":
-            return "int8"
+            return "int32" if op in REDUCTIONS else "int8"
         if self.peer == "imb":
-            return "float32" if op in ("allreduce", "reduce", "reduce_scatter") else "uint8"
+            return "float32" if op in REDUCTIONS else "uint8"
         return COMM_DTYPE
 
     def style(self, op: str) -> int:

@@ -35,7 +35,8 @@ def test_import_uses_the_reference_modes_size_rule():
 
 
 def test_peer_datatypes():
-    assert {METHODS["osu"].dtype(op) for op in ("allreduce", "allgather", "pingpong")} == {"int8"}
+    assert {METHODS["osu"].dtype(op) for op in ("bcast", "allgather", "pingpong")} == {"int8"}
+    assert {METHODS["osu"].dtype(op) for op in ("allreduce", "reduce", "reduce_scatter")} == {"int32"}
     assert METHODS["imb"].dtype("allreduce") == "float32" and METHODS["imb"].dtype("allgather") == "uint8"
 
 

@@ -26,7 +26,7 @@ def test_method_osu_runs_in_osus_convention_and_records_its_method(tmp_path):
     assert meta["mpi_thread_level"] == {"requested": "single", "chosen_by": "commcal (one thread calls MPI)",
                                         "provided": "single"}
     s = load_summary(out).set_index(["op", "requested_bytes"])
-    assert (s["wrong"] == 0).all() and set(s["dtype"]) == {"int8"}
+    assert (s["wrong"] == 0).all() and set(s["dtype"]) == {"int8", "int32"}
     assert s.loc[("allgather", 8), "size_bytes"] == 16 and s.loc[("alltoall", 65536), "size_bytes"] == 131072
     assert s.loc[("allreduce", 8), "size_bytes"] == 8 and s.loc[("reduce_scatter", 8), "size_bytes"] == 8
     assert (s["samples"] >= 6).all() and (s["median_s"] > 0).all()
