@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE
 
-PER_RANK_OPS = ("allgather", "alltoall")
 REDUCTIONS = ("allreduce", "reduce", "reduce_scatter")
-"""Operations whose OSU and IMB size is one rank's block (commcal's: the whole gathered or sent buffer)."""
 
 STYLE_EACH, STYLE_EACH_BARRIER, STYLE_LOOP = 0, 1, 2
 """timeloop.c's commcal_peer styles: each call timed back to back; each call timed, a barrier after it; the whole
@@ -44,7 +42,7 @@ class Method:
     name: str
     peer: str                         # "commcal", "osu", "imb", "nccl-tests"
     combine: str                      # over ranks: "max", "mean" or "rank0" (of each call for commcal, else of loop means)
-    per_rank_sizes: bool = False      # allgather/alltoall sizes are one rank's block
+    per_rank_ops: tuple[str, ...] = ()  # operations whose size is one rank's block (commcal's: the whole buffer)
     statistic: str = ""
 
     @property
@@ -53,7 +51,7 @@ class Method:
 
     def commcal_bytes(self, op: str, size: int, procs: int) -> int:
         """The size in commcal's (nccl-tests) convention for a size in this method's convention."""
-        return size * procs if self.per_rank_sizes and op in PER_RANK_OPS else size
+        return size * procs if op in self.per_rank_ops else size
 
     def dtype(self, op: str) -> str:
         """The element type the peer sends: OSU MPI_INT for reductions, else MPI_CHAR; IMB MPI_FLOAT for reductions,
@@ -102,10 +100,10 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("commcal", "commcal", "max", statistic="per call after a barrier, max over ranks, median"),
-    Method("osu", "osu", "mean", True, "mean of a back-to-back loop, averaged over ranks (osu_latency: rank 0, "
+    Method("osu", "osu", "mean", ("allgather", "alltoall"), "mean of a back-to-back loop, averaged over ranks (osu_latency: rank 0, "
                                        "half the round trip)"),
     Method("osu-window", "osu", "rank0", statistic="time per message with 64 in flight (osu_bw), rank 0"),
-    Method("imb", "imb", "max", True, "loop time / n after a barrier, slowest rank (t_max)"),
+    Method("imb", "imb", "max", ("allgather", "alltoall", "reduce_scatter"), "loop time / n after a barrier, slowest rank (t_max)"),
     Method("nccl-tests", "nccl-tests", "mean", statistic="loop time / 20, averaged over ranks"),
 )}
 

@@ -17,8 +17,10 @@ from microbench.records import timing_method
 def test_osu_and_imb_sizes_of_allgather_and_alltoall_are_per_rank(name):
     m = METHODS[name]
     assert m.commcal_bytes("allgather", 1024, 4) == 4096 and m.commcal_bytes("alltoall", 8, 2) == 16
-    for op in ("allreduce", "bcast", "reduce", "reduce_scatter", "pingpong"):
+    for op in ("allreduce", "bcast", "reduce", "pingpong"):
         assert m.commcal_bytes(op, 1024, 4) == 1024
+    # IMB 2021's Reduce_scatter gives every rank `size` bytes; OSU's splits `size` over the ranks
+    assert m.commcal_bytes("reduce_scatter", 1024, 4) == (4096 if name == "imb" else 1024)
     # the layout a per-rank size gives: one 8 B block per rank, the whole buffer p blocks
     lay = OPS["allgather"].layout(m.commcal_bytes("allgather", 8, 2), 2, itemsize(m.dtype("allgather")))
     assert lay.block * lay.itemsize == 8 and lay.size_bytes == 16
@@ -32,6 +34,7 @@ def test_nccl_tests_and_commcal_sizes_are_the_whole_buffer():
 
 def test_import_uses_the_reference_modes_size_rule():
     assert mpi_total_bytes("alltoall", 64, 8) == 512 and mpi_total_bytes("allreduce", 64, 8) == 64
+    assert mpi_total_bytes("reduce_scatter", 64, 8) == 64 and mpi_total_bytes("reduce_scatter", 64, 8, "imb") == 512
 
 
 def test_peer_datatypes():

@@ -3,7 +3,7 @@
 IMB runs a block's benchmark on the first #processes ranks of the job (the others wait in a barrier), times a
 back-to-back loop of #repetitions calls on each rank and prints, for collectives, the minimum, maximum and mean over
 ranks of those loop means; the maximum (the slowest rank, as commcal times) is kept. PingPong's t[usec] is half the
-round trip averaged over the loop (commcal's pingpong). Allgather and Alltoall sizes are per rank; benchmarks
+round trip averaged over the loop (commcal's pingpong). Allgather, Alltoall and Reduce_scatter sizes are per rank; benchmarks
 without a commcal operation (Barrier, the v-variants, Gather, Scatter, PingPing, Exchange, ...) and sizes IMB
 gave up on ('time-out') are skipped and named in PeerLog.skipped."""
 
@@ -88,4 +88,4 @@ def _row(path: Path, i: int, line: str, header: list[str], name: str, op: str, p
         return []
     seconds = number(path, i, row[key], key) * 1e-6
     dtype = types["reduce"] if op in REDUCTIONS else types["data"]
-    return [PeerPoint(op, procs, mpi_total_bytes(op, size, procs), dtype, seconds, i)]
+    return [PeerPoint(op, procs, mpi_total_bytes(op, size, procs, "imb"), dtype, seconds, i)]

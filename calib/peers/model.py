@@ -85,6 +85,6 @@ def whole(path: str | Path, line: int, text: str, what: str) -> int:
 as nccl-tests, counts the whole gathered or sent buffer of p blocks."""
 
 
-def mpi_total_bytes(op: str, size: int, procs: int) -> int:
+def mpi_total_bytes(op: str, size: int, procs: int, peer: str = "osu") -> int:
     """An OSU or IMB size in commcal's convention (the reference modes' rule, microbench.methods)."""
-    return METHODS["osu"].commcal_bytes(op, size, procs)
+    return METHODS[peer].commcal_bytes(op, size, procs)
