@@ -222,7 +222,7 @@ def measure_peer(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule
     send, recv = (page_aligned(backend.xp, a) for a in op.fill(backend.xp, lay, dtype, comm.rank, comm.size))
     backend.sync()
     code, style = method.c_code(op.name, op.c_code), method.style(op.name)
-    scale = op.time_scale / (methods.WINDOW if code == methods.CODE_WINDOW else 1)
+    scale = 1 / methods.WINDOW if code == methods.CODE_WINDOW else op.time_scale   # window: per message
     _, skip = method.loop(op.name, lay.requested_bytes)
     warm = max(skip, 2)
     per_call = comm.allreduce(timer.peer(op, code, comm, send, recv, lay, dtype, warm, style) / warm, op=MPI.MAX)

@@ -9,8 +9,9 @@ the peer's loops (its figure: the loop's mean time per call), combined over rank
   reports half their mean; a collective times each call, then a barrier (outside the timed region), and reports
   each rank's mean averaged over ranks. MPI_CHAR data (MPI_INT for reductions). Sizes of allgather and alltoall are per rank.
 - osu-window (osu_bw): 64 messages in flight from rank 0, then a 1-byte acknowledgement; the time per message.
-- imb (IMB-MPI1 2021.11): a barrier, then the loop back to back; the loop time / n of the slowest rank (t_max,
-  the column `commcal import` keeps; PingPong: half the round trip). MPI_BYTE data, MPI_FLOAT for reductions. Sizes of allgather and alltoall are
+- imb (IMB-MPI1 2021.11): a collective times each call, then a barrier (IMB's default -sync 1), and reports the
+  slowest rank's mean (t_max, the column `commcal import` keeps); PingPong times the loop back to back after a
+  barrier (half the round trip). MPI_BYTE data, MPI_FLOAT for reductions. Sizes of allgather and alltoall are
   per rank; reduce_scatter calls MPI_Reduce_scatter as OSU's does.
 - nccl-tests: a back-to-back loop of 20 calls after 5 warm-up calls, its time / 20 averaged over ranks; sizes
   and algbw/busbw already follow nccl-tests in commcal (float32).
@@ -65,6 +66,8 @@ class Method:
     def style(self, op: str) -> int:
         if self.peer == "osu":
             return STYLE_LOOP if self.name == "osu-window" else (STYLE_EACH if op == "pingpong" else STYLE_EACH_BARRIER)
+        if self.peer == "imb" and op != "pingpong":
+            return STYLE_EACH_BARRIER
         return STYLE_LOOP
 
     def c_code(self, op: str, base: int) -> int:
@@ -103,7 +106,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("osu", "osu", "mean", ("allgather", "alltoall"), "mean of a back-to-back loop, averaged over ranks (osu_latency: rank 0, "
                                        "half the round trip)"),
     Method("osu-window", "osu", "rank0", statistic="time per message with 64 in flight (osu_bw), rank 0"),
-    Method("imb", "imb", "max", ("allgather", "alltoall", "reduce_scatter"), "loop time / n after a barrier, slowest rank (t_max)"),
+    Method("imb", "imb", "max", ("allgather", "alltoall", "reduce_scatter"),
+           "mean of per-call times with a barrier after each, slowest rank (t_max; PingPong: a back-to-back loop)"),
     Method("nccl-tests", "nccl-tests", "mean", statistic="loop time / 20, averaged over ranks"),
 )}
 

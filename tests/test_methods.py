@@ -62,7 +62,8 @@ def test_loop_is_shortened_to_fit_the_budget_but_not_below_the_floor():
 def test_styles_and_codes():
     osu, imb = METHODS["osu"], METHODS["imb"]
     assert osu.style("pingpong") == methods.STYLE_EACH and osu.style("allreduce") == methods.STYLE_EACH_BARRIER
-    assert imb.style("allreduce") == methods.STYLE_LOOP and METHODS["nccl-tests"].style("bcast") == methods.STYLE_LOOP
+    assert imb.style("allreduce") == methods.STYLE_EACH_BARRIER and imb.style("pingpong") == methods.STYLE_LOOP
+    assert METHODS["nccl-tests"].style("bcast") == methods.STYLE_LOOP
     assert osu.c_code("reduce_scatter", 2) == imb.c_code("reduce_scatter", 2) == methods.CODE_REDUCE_SCATTER
     assert METHODS["nccl-tests"].c_code("reduce_scatter", 2) == 2
     assert METHODS["osu-window"].c_code("pingpong", 6) == methods.CODE_WINDOW
