@@ -17,7 +17,7 @@ from analysis.search import Tabulator
 from analysis.summary import chain_steps
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
-from microbench.records import LINK_CLASSES
+from microbench.links import LINK_CLASSES
 from microbench.sizes import format_size, parse_size
 
 

@@ -16,8 +16,8 @@ from calib.result import (AfterCompute, CalibrationResult, Candidate, CopyRate, 
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.segments import Points, fit_piecewise
-from calib.synthetic import LINK_MEANING
 from microbench.errors import UsageError
+from microbench.links import MEANING
 from microbench.ops import LOCAL_OPS
 
 
@@ -164,7 +164,7 @@ def _link_classes(points: pd.DataFrame) -> dict:
     out = {}
     for link, sub in points[~points["op"].isin(LOCAL_OPS)].groupby("link"):
         shapes = sub[["procs", "nodes", "ranks_per_node"]].drop_duplicates().sort_values("procs")
-        out[str(link)] = {"meaning": LINK_MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
+        out[str(link)] = {"meaning": MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
                           "ranks_per_node": int(shapes["ranks_per_node"].max()),
                           "procs": sorted({int(p) for p in shapes["procs"]}),
                           "groups_per_node": int(sub["groups_per_node"].max()),

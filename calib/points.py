@@ -12,6 +12,7 @@ import pandas as pd
 
 from microbench import records
 from microbench.errors import UsageError
+from microbench.links import LINK_CLASSES
 from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
 
@@ -102,7 +103,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     sizes = records.positive(pts["requested_bytes"]) & records.positive(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),
-        ("not a link class", pts["link"].isin(records.LINK_CLASSES)),
+        ("not a link class", pts["link"].isin(LINK_CLASSES)),
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
         ("a process, node or group count that is not a whole number >= 1", counts),
         ("a size that is not a positive number", sizes),
