@@ -18,9 +18,10 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
-provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep)."""
+provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
+a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -250,6 +251,15 @@ class Calibration:
         where the sweep measured no copy."""
         c = self.result.copy
         return None if c is None else (float(c.latency_s), _rate(c.bytes_per_s, f"calibration {self.path or ''}: copy rate"))
+
+    def memory_bytes(self) -> float | None:
+        """Device memory in bytes (calibrations from a spec, version >= 10), or None when unknown."""
+        return self.result.memory_bytes
+
+    def spec(self) -> dict | None:
+        """The hardware spec the calibration was written from (provenance origin), or None for a measured one."""
+        return next((r["origin"]["spec"] for r in self.result.provenance["runs"] if "spec" in r.get("origin", {})),
+                    None)
 
     def gemm_latency_s(self, dtype: str) -> float:
         """Per-call overhead of a local product (0 in calibrations before version 3)."""

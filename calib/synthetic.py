@@ -77,9 +77,9 @@ def synthetic_result(models: dict, links: dict[str, list[int]] | None = None,
     links: {link: [process counts measured]} (default: each model's link at p = 2, 4, 8);
     gemm: {dtype: FLOP/s}; after_compute: models as `models`, for collectives after a local computation."""
     links = links or {link: [2, 4, 8] for _, link in models}
-    out_models = _synthetic_models(models, links, sizes)
+    out_models = exact_models(models, links, sizes)
     after = None if not after_compute else AfterCompute(384, ("synthetic-after",),
-                                                        _synthetic_models(after_compute, links, sizes))
+                                                        exact_models(after_compute, links, sizes))
     link_classes = {}
     for link, procs in links.items():
         shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *link_shape(link, p)))) for p in sorted(procs)]
@@ -102,8 +102,9 @@ def synthetic_calibration(models: dict, links: dict[str, list[int]] | None = Non
     return synthetic_result(models, links, gemm, backend, sizes, after_compute).to_json()
 
 
-def _synthetic_models(models: dict, links: dict[str, list[int]], sizes: tuple[int, ...]) -> dict[tuple[str, str], Model]:
-    """{(op, link): model}, exactly the given models over the sizes."""
+def exact_models(models: dict, links: dict[str, list[int]], sizes: tuple[int, ...],
+                 note: str = "synthetic model, not fitted") -> dict[tuple[str, str], Model]:
+    """{(op, link): model}, exactly the given models over the sizes, each carrying `note` as its warning."""
     lo, hi = float(min(sizes)), float(max(sizes))
     out_models = {}
     for (op, link), spec in models.items():
@@ -118,7 +119,7 @@ def _synthetic_models(models: dict, links: dict[str, list[int]], sizes: tuple[in
         out_models[(op, link)] = Model.build(
             alg, algorithm(alg).description, sorted(links[link]) if op not in P2P_OPS else [2], True, "wls", segs,
             [Candidate(alg, 0.0, 0.0, len(segs))], HeldOut(0, 0, None, None, None, None),
-            ["synthetic model, not fitted"])
+            [note])
     return out_models
 
 
