@@ -11,13 +11,23 @@ from microbench.errors import UsageError
 from microbench.ops import GEMM_DTYPES
 
 
-def add_mesh_arguments(p, mesh_help: str, required: bool) -> None:
-    """--mesh and how its ranks sit on nodes, and the element type: the device mesh a strategy is priced on."""
+TRAINING_DTYPES = (*GEMM_DTYPES, "float16", "bfloat16")
+"""Element types a training step may use (a spec calibration has their GEMM rates)."""
+
+
+def add_mesh_arguments(p, mesh_help: str, required: bool, training: bool = False) -> None:
+    """--mesh and how its ranks sit on nodes, and the element type: the device mesh a strategy is priced on.
+    `training`: the command also prices training steps, so --dtype takes half precision and defaults to None (a
+    layer mesh then uses float32, a training step the calibration's fastest GEMM dtype)."""
     p.add_argument("--mesh", required=required, default=None, help=mesh_help)
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
     p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
     add_nics_argument(p)
-    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+    if training:
+        p.add_argument("--dtype", default=None, choices=TRAINING_DTYPES, help="element type (prices GEMMs; default "
+                       "float32 for --mesh, the calibration's fastest GEMM dtype for a training step)")
+    else:
+        p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
 
 
 def add_nics_argument(p) -> None:

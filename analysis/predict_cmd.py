@@ -1,7 +1,8 @@
 """`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--after-compute] [--json]`: one predicted time
 with its 95% interval, saying when it extrapolates beyond what was measured. With --layer/--strategy/--mesh instead
 of --op, the plan and cost of one layer strategy: its forward and backward steps in execution order, with the
-output resolved P -> B (run_strategy)."""
+output resolved P -> B (run_strategy). With --model/--config/--devices/--gpus-per-node, one training step's
+breakdown and memory (analysis.training_view)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes,
 from analysis.pricing import Fallback, Pricer, after_compute, resolve
 from analysis.search import Tabulator
 from analysis.summary import chain_steps
+from analysis.training_view import add_training_arguments, run_predict
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
 from microbench.links import LINK_CLASSES
@@ -33,10 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_strategy_arguments(p)
     add_strict_argument(p)
+    add_training_arguments(p, predict=True)
 
 
 def run(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration)
+    if args.config:
+        return run_predict(args, cal)
+    args.dtype = args.dtype or "float32"
     if args.layer:
         return run_strategy(args, cal)
     missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
@@ -65,7 +71,7 @@ def add_strategy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layer strategy (instead of --op)")
     g.add_argument("--layer", default=None, help="layer or model spec, e.g. linear:m=4096,k=8192,n=8192")
     g.add_argument("--strategy", default=None, help="strategy id, one choice per mesh axis, e.g. m.n or -.k/ws")
-    add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False)
+    add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False, training=True)
 
 
 def _row(st, after: bool, pricer: Pricer) -> dict:
