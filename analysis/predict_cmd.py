@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration)
     if args.config:
         return run_predict(args, cal)
-    args.dtype = args.dtype or "float32"
     if args.layer:
         return run_strategy(args, cal)
     missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
@@ -91,12 +90,13 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
     if not (args.strategy and args.mesh):
         raise UsageError("predict --layer needs --strategy and --mesh")
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
-    model = parse_model(args.layer, args.dtype)
+    dtype = args.dtype or "float32"
+    model = parse_model(args.layer, dtype)
     if len(model.layers) != 1:
         raise UsageError(f"--layer {args.layer!r} is a model of {len(model.layers)} layers; give one layer")
     layer = model.layers[0]
     strategy = parse_strategy(args.strategy)
-    pricer = Pricer(calibration, mesh, args.dtype, nics_per_node(args))
+    pricer = Pricer(calibration, mesh, dtype, nics_per_node(args))
     tables = Tabulator(pricer).tables(model)
     ids = [s.id for s in tables.options[0].strategies]
     if strategy.id not in ids:
