@@ -8,7 +8,7 @@ import sys
 
 from analysis.pricing import Fallback
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
+from microbench.ops import OPS
 
 
 def add_mesh_arguments(p, mesh_help: str, required: bool) -> None:
@@ -17,7 +17,7 @@ def add_mesh_arguments(p, mesh_help: str, required: bool) -> None:
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
     p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
     add_nics_argument(p)
-    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+    p.add_argument("--dtype", default="float32", choices=OPS["gemm"].dtypes, help="element type (prices GEMMs)")
 
 
 def add_nics_argument(p) -> None:

@@ -16,7 +16,7 @@ from analysis.models import parse_model
 from analysis.options import add_nics_argument, add_strict_argument
 from microbench.backends import BACKENDS
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
+from microbench.ops import OPS
 from microbench.stats import StopRule
 
 ALLOCATORS = ("cache", "system")
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES)
+    p.add_argument("--dtype", default="float32", choices=OPS["gemm"].dtypes)
     p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
                    help="mpi: numpy buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL "
                         "(the calibration must come from a sweep with the same backend)")

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
 
 
-def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[str, ...]):
+def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tuple[str, ...]]):
     """The sweep configuration from arguments (quick preset first, explicit flags override it)."""
     from microbench.sweep import SweepConfig
 
@@ -96,7 +96,7 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
         raise UsageError("--rounds must be 1 or more")
     return SweepConfig(ops=tuple(parse_ops(args.ops)), sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
-                       rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
+                       rule=rule, backend=args.backend, in_place=args.in_place, dtypes=dtypes, retries=args.retries,
                        concurrent=args.concurrent, rounds=rounds, cache=args.cache, gap_ms=args.gap_ms,
                        after_gemm=args.after_gemm,
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
@@ -145,10 +145,10 @@ def run(args: argparse.Namespace) -> int:
     check_world(world.size, args.expect_world)
     if args.in_place and args.backend != "nccl":
         raise UsageError("--in-place applies to --backend nccl")
-    build_config(args, world.size, ())             # reject bad arguments before touching a device
+    build_config(args, world.size, {})             # reject bad arguments before touching a device
     hosts = world.allgather(MPI.Get_processor_name())
     backend = backend_for(args.backend, world, hosts)
-    cfg = build_config(args, world.size, backend.gemm_dtypes())
+    cfg = build_config(args, world.size, {op.name: backend.dtypes(op) for op in parse_ops(args.ops) if op.local})
     points = sweep.plan(cfg, hosts)
     if not points:
         raise UsageError("nothing to measure: no link class in --links can be formed with these process counts")
