@@ -17,6 +17,10 @@ def add_mesh_arguments(p, mesh_help: str, required: bool) -> None:
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
     p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
     add_nics_argument(p)
+    add_dtype_argument(p)
+
+
+def add_dtype_argument(p) -> None:
     p.add_argument("--dtype", default="float32", choices=OPS["gemm"].dtypes, help="element type (prices GEMMs)")
 
 
@@ -28,6 +32,10 @@ def nics_per_node(args: argparse.Namespace) -> int:
     if args.nics_per_node < 1:
         raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
     return args.nics_per_node
+
+
+def add_json_argument(p) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def add_strict_argument(p: argparse.ArgumentParser) -> None:
