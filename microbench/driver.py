@@ -167,8 +167,9 @@ def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: S
     """Time `run(i)` (the i-th iteration of one local operation) until the rule says done. With `ctrl`, every
     rank of it runs at once (as training does), each iteration starting after a barrier as a collective's call
     and each of validate's steps do, iteration times are the max over them, and `wrong` (this rank's wrong
-    elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations pairs calls made at
-    different times: on 4 ranks sharing 2 vCPUs it priced a 4 MiB copy at 4.9-5.1 ms against 1.3 ms in step."""
+    elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations would pair calls made
+    at different times, which on ranks that share cores prices a local operation several times slower than in step
+    (docs/results.md, "GEMM and copy on every rank at once")."""
     turn = 0
 
     def batch(iters: int) -> tuple[np.ndarray, float]:

@@ -165,7 +165,8 @@ def _gemm(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) ->
 def _copy(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) -> Local:
     """Local copy of an n x n operand into its two column halves, the copy that the validation harness makes
     around a collective whose split is not the outer dimension. With cold `slots`, iterations find source and
-    destination out of cache, as the harness's copies find theirs."""
+    destination out of cache, as the harness's copies find theirs (a cold copy takes several times as long as one
+    back to back: docs/results.md, "Cold and warm buffers")."""
     n = lay.block
     src = _operand(xp, n, dtype, np.random.default_rng(0))
     pairs = slots(src, xp.zeros((2, n, n // 2), dtype=src.dtype))

@@ -112,7 +112,7 @@ def check_memory(points: list[PlannedPoint], per_rank_bytes: int, cache: str = "
 class Pooled:
     """One point's visits so far (rank 0 reads them back from the run directory; the whole sweep's samples need
     not fit in memory): every sample, the round it was taken in, wrong elements.
-    A point's median comes from several passes over the sweep because this machine's speed drifts over
+    A point's median comes from several passes over the sweep because a shared machine's speed drifts over
     seconds: one contiguous window gives a tight CI around a median that another window does not reproduce."""
 
     samples: np.ndarray = field(default_factory=lambda: np.empty(0))

@@ -54,14 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "warm: one pair reused, the back-to-back figure most benchmarks report")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
-                        "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
-                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap measures them after "
-                        "such a pause (opt-in: it did not improve validate's ranking there)")
+                        "collective follows compute; on a machine whose collectives run slower after a pause, a gap "
+                        "measures them after such a pause (opt-in; see docs/results.md for what it did to "
+                        "validate's ranking)")
     p.add_argument("--after-gemm", type=int, default=0, metavar="N",
                    help="before each timed collective, every rank measured at once runs an N x N float32 GEMM "
                         "between two barriers, as collectives follow compute in a training step (default 0: "
-                        "back to back; gemm and copy points are unaffected; opt-in: it did not improve validate's "
-                        "ranking on the 2-vCPU test VM)")
+                        "back to back; gemm and copy points are unaffected; opt-in; see docs/results.md for what it "
+                        "did to validate's ranking)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
