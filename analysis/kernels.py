@@ -55,8 +55,8 @@ def embedding_grad(xp, e) -> None:
 
 
 def scatter_add(xp, dst, ids, rows) -> None:
-    """dst[ids] += rows with repeated ids summed, as ufunc.at does but 3-4x faster: the k-th occurrences of
-    the ids are distinct, so each occurrence level goes in with one plain indexed add."""
+    """dst[ids] += rows with repeated ids summed, as ufunc.at does but without its element-at-a-time loop: the
+    k-th occurrences of the ids are distinct, so each occurrence level goes in with one plain indexed add."""
     order = xp.argsort(ids, kind="stable")
     ranked = ids[order]
     new = xp.ones(ranked.shape, dtype=bool)

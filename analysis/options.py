@@ -8,11 +8,7 @@ import sys
 
 from analysis.pricing import Fallback
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
-
-
-TRAINING_DTYPES = (*GEMM_DTYPES, "float16", "bfloat16")
-"""Element types a training step may use (a spec calibration has their GEMM rates)."""
+from microbench.ops import OPS
 
 
 def add_mesh_arguments(p, mesh_help: str, required: bool, training: bool = False) -> None:
@@ -23,11 +19,19 @@ def add_mesh_arguments(p, mesh_help: str, required: bool, training: bool = False
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
     p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
     add_nics_argument(p)
+    add_dtype_argument(p, training)
+
+
+def add_dtype_argument(p, training: bool = False) -> None:
+    """--dtype; with `training` any GEMM element type (host or device) and no default: a layer mesh then uses float32,
+    a training step the calibration's fastest GEMM dtype."""
     if training:
-        p.add_argument("--dtype", default=None, choices=TRAINING_DTYPES, help="element type (prices GEMMs; default "
-                       "float32 for --mesh, the calibration's fastest GEMM dtype for a training step)")
+        gemm = OPS["gemm"]
+        p.add_argument("--dtype", default=None, choices=tuple(dict.fromkeys(gemm.dtypes + (gemm.device_dtypes or ()))),
+                       help="element type (prices GEMMs; default float32 for --mesh, the calibration's fastest GEMM "
+                            "dtype for a training step)")
     else:
-        p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+        p.add_argument("--dtype", default="float32", choices=OPS["gemm"].dtypes, help="element type (prices GEMMs)")
 
 
 def add_nics_argument(p) -> None:
@@ -38,6 +42,10 @@ def nics_per_node(args: argparse.Namespace) -> int:
     if args.nics_per_node < 1:
         raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
     return args.nics_per_node
+
+
+def add_json_argument(p) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def add_strict_argument(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,8 @@ import json
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s, nics_per_node, report_fallbacks
+from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
+                              nics_per_node, report_fallbacks)
 from analysis.pricing import Fallback, Pricer, after_compute, resolve
 from analysis.search import Tabulator
 from analysis.summary import chain_steps
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after-compute", action="store_true",
                    help="the call directly follows a local computation: price it by the calibration's after-compute "
                         "model where it has one (commcal fit --after-compute)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_argument(p)
     add_strategy_arguments(p)
     add_strict_argument(p)
     add_training_arguments(p, predict=True)

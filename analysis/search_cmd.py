@@ -13,7 +13,8 @@ import time
 
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s, nics_per_node, report_fallbacks
+from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
+                              nics_per_node, report_fallbacks)
 from analysis.pricing import Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
 from analysis.summary import summarize
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restarts", type=int, default=8, help="coordinate-descent random restarts")
     p.add_argument("--cd-window", type=int, default=2, help="layers coordinate descent re-optimises at once "
                    "(1: AutoDDL's one layer at a time)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_argument(p)
     add_strict_argument(p)
     add_training_arguments(p, predict=False)
 

@@ -10,6 +10,7 @@ from calib.calibration import calibration_from_dict
 from calib.fit import FitOptions, fit_result
 from calib.points import check_pages, load_runs
 from microbench.errors import UsageError
+from microbench.flags import add_backend_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after-compute", action="append", default=[], metavar="RUN_DIR",
                    help="a run of `commcal sweep --after-gemm N` (repeatable): its collectives become the models that "
                         "price a collective right after a local computation, as in a training step")
-    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), help="backend to fit when runs mix several")
+    add_backend_argument(p, "backend to fit when runs mix several", default=None)
     p.add_argument("--mix-methods", action="store_true",
                    help="fit runs of different timing methods together (sweeps and imported peer logs, or two peers)")
     p.add_argument("--quiet", action="store_true", help="print warnings only")

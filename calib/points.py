@@ -58,9 +58,9 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
 
 
 STEAL_WARN = 0.05
-"""Above this share of CPU time taken by the hypervisor while a run measured, fit warns: on the 2-vCPU test VM,
-sweeps at 16% and 34% steal priced intra-node allgather, allreduce and reduce-scatter steps at 1.1-1.5x
-what validate then measured at 0.5-1% steal."""
+"""Above this share of CPU time taken by the hypervisor while a run measured, fit warns: a sweep whose ranks lose
+that much time to other tenants prices collectives slower than a quieter validate then measures them (the
+record: docs/results.md, "CPU steal")."""
 
 
 def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
