@@ -60,13 +60,13 @@ COLUMNS = (("step", "total_s"), ("compute", "compute_s"), ("recomp", "recompute_
 
 
 def _table(steps: list[Step]) -> None:
-    print(f"{'#':>3} {'configuration':<56} {'m':>5}" + "".join(f"{name:>10}" for name, _ in COLUMNS)
-          + f"{'memory':>11}  links")
+    print(f"{'#':>3} {'configuration':<56} {'m':>5}" + "".join(f" {name:>10}" for name, _ in COLUMNS)
+          + f" {'memory':>11}  links")
     for i, s in enumerate(steps, 1):
         links = ", ".join(f"{k} {v}" for k, v in s.links.items())
         print(f"{i:>3} {str(s.config):<56} {s.micro_batches:>5}"
-              + "".join(f"{fmt_s(getattr(s, key)) if getattr(s, key) else '-':>10}" for _, key in COLUMNS)
-              + f"{fmt_bytes(s.memory.total):>11}  {links}")
+              + "".join(f" {fmt_s(getattr(s, key)) if getattr(s, key) else '-':>10}" for _, key in COLUMNS)
+              + f" {fmt_bytes(s.memory.total):>11}  {links}")
 
 
 def run_search(args: argparse.Namespace, calibration) -> int:
