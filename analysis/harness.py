@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.harness_exec import Program, Runner
-from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
+from analysis.layers import Layer
 from analysis.sbp import P, local_slices
 from microbench import provenance
 from microbench.stats import Estimate, StopRule, pooled_estimate, round_spread, sample_until_done
@@ -41,11 +41,7 @@ class Timed:
 def layer_data(layer: Layer, seed: int, dtype: str) -> dict:
     """Seeded global inputs, weights and output gradients of one layer, in `dtype`."""
     rng = np.random.default_rng(seed)
-    shapes = {Linear: lambda l: {"X": l.in_shape, "W": (l.k, l.n), "dY": l.out_shape},
-              Elementwise: lambda l: {"X": l.in_shape, "dY": l.out_shape},
-              Attention: lambda l: {"X": l.in_shape, "dY": l.out_shape},
-              Embedding: lambda l: {"W": (l.vocab, l.dim), "dY": l.out_shape}}[type(layer)](layer)
-    out: dict = {name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
+    out: dict = {name: rng.standard_normal(shape).astype(dtype) for name, shape in layer.data_shapes().items()}
     out["seed"] = seed
     return out
 

@@ -12,8 +12,10 @@ axis splits); its stable id is the choices joined by "." plus "/ws" when weights
               (EmbRace: table rows split, lookups and their gradients exchanged by all-to-all), c, -.
 
 `Layer.schedule(strategy, mesh, need_dx)` returns a `Schedule`: the forward and backward steps in execution
-order, each a `Compute` (a local matmul/op with its local operand shapes) or a redistribute.Step; the
-harness runs exactly these. Gradient signatures follow the matmul SBP rules per axis (S(0)xB=S(0),
+order, each a `Compute` (a local matmul/op with its local operand shapes and the analysis.kernels function that
+computes it) or a redistribute.Step; the harness runs exactly these, and checks them against the same kernels run on
+the whole arrays. A layer also names its data (`data_shapes`: global inputs, weights, output gradients), how each
+is placed (`data_sigs`) and the outputs checked (`output_sigs`). Gradient signatures follow the matmul SBP rules per axis (S(0)xB=S(0),
 BxS(1)=S(1), S(1)xS(0)=P, BxB=B): `sigs` gives x (input needed), y (output produced), dy (output
 gradient needed) and dx (input gradient produced)."""
 
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
+from analysis import kernels
 from analysis.mesh import Mesh
 from analysis.redistribute import Plan, Step, plan
 from analysis.sbp import B, P, Signature, Split, indivisible, local_shape
@@ -48,14 +53,19 @@ def parse_strategy(text: str) -> Strategy:
 
 @dataclass(frozen=True)
 class Compute:
-    """A local computation: expr names operands (X, W, Y, dX, dW, dY, Q, K, V, A); shapes are local."""
+    """A local computation: expr names operands (X, W, Y, dX, dW, dY, Q, K, V, A); shapes are local. kernel(xp, env)
+computes it on the named buffers of env (analysis.kernels)."""
 
     expr: str
     operand_shapes: tuple[tuple[int, ...], ...]
     out_shape: tuple[int, ...]
     flops: float
+    kernel: Callable | None = field(default=None, compare=False, repr=False)
 
     is_comm: ClassVar[bool] = False
+
+    def run(self, xp, env: dict) -> None:
+        self.kernel(xp, env)
 
     @property
     def elements(self) -> int:
@@ -145,6 +155,20 @@ class Layer:
     def _redistribute(self, shape, src, dst, mesh) -> tuple[Step, ...]:
         return _plan_steps(plan(shape, self.itemsize, src, dst, mesh))
 
+    def data_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Global shapes of the layer's data: inputs, weights and output gradients."""
+        return {"X": self.in_shape, "dY": self.out_shape}
+
+    def data_sigs(self, s: Strategy) -> dict[str, Signature]:
+        """Where each of data_shapes lies at the start of the schedule."""
+        g = self.sigs(s)
+        return {"X": g.x, "dY": g.dy}
+
+    def output_sigs(self, s: Strategy) -> dict[str, Signature]:
+        """Where each output the schedule produces lies at its end (dX only where it computes input gradients)."""
+        g = self.sigs(s)
+        return {"Y": g.y, "dX": g.dx}
+
 
 @dataclass(frozen=True)
 class Linear(Layer):
@@ -170,6 +194,15 @@ class Linear(Layer):
                     _per_axis(s.choices, {"m": Split(0), "n": Split(1), "k": B, "-": B}),
                     _per_axis(s.choices, {"m": Split(0), "n": P, "k": Split(1), "-": B}))
 
+    def data_shapes(self):
+        return {"X": self.in_shape, "W": (self.k, self.n), "dY": self.out_shape}
+
+    def data_sigs(self, s):
+        return {**super().data_sigs(s), "W": self.weight_sigs(s)[1]}
+
+    def output_sigs(self, s):
+        return {**super().output_sigs(s), "dW": self.weight_sigs(s)[1]}
+
     def weight_sigs(self, s: Strategy) -> tuple[Signature, Signature, Signature]:
         """(used in compute, stored, gradient produced)."""
         used = _per_axis(s.choices, {"m": B, "n": Split(1), "k": Split(0), "-": B})
@@ -184,11 +217,12 @@ class Linear(Layer):
         yl, wsl = self._local(self.out_shape, g.y, mesh), self._local(wshape, stored, mesh)
         gather = self._redistribute(wshape, stored, used, mesh)
         flops = 2.0 * xl[0] * xl[1] * wl[1]
-        fwd = gather + (Compute("Y = X @ W", (xl, wl), yl, flops),)
+        fwd = gather + (Compute("Y = X @ W", (xl, wl), yl, flops, kernels.linear_forward),)
         bwd = gather
         if need_dx:
-            bwd += (Compute("dX = dY @ W.T", (yl, wl[::-1]), xl, flops),)
-        bwd += (Compute("dW = X.T @ dY", (xl[::-1], yl), wl, flops),) + self._redistribute(wshape, dw, stored, mesh)
+            bwd += (Compute("dX = dY @ W.T", (yl, wl[::-1]), xl, flops, kernels.linear_input_grad),)
+        bwd += (Compute("dW = X.T @ dY", (xl[::-1], yl), wl, flops, kernels.linear_weight_grad),)
+        bwd += self._redistribute(wshape, dw, stored, mesh)
         isz = self.itemsize
         mem = isz * ((2 + OPTIMIZER_STATES) * math.prod(wsl) + (math.prod(wl) if s.sharded_weights else 0)
                      + math.prod(xl) + math.prod(yl))
@@ -223,10 +257,13 @@ class Attention(Layer):
         seqs, heads = self._local((self.batch, self.heads), g.x, mesh)   # whole sequences and heads
         bh, S, d = seqs * heads, self.seq, self.head_dim
         f = 2.0 * bh * S * S * d
-        fwd = (Compute("A = softmax(Q @ K.T)", ((bh, S, d), (bh, d, S)), (bh, S, S), f),
-               Compute("Y = A @ V", ((bh, S, S), (bh, S, d)), (bh, S, d), f))
-        bwd = (Compute("dA = dY @ V.T; dV = A.T @ dY", ((bh, S, d), (bh, d, S)), (bh, S, S), 2 * f),
-               Compute("dQ = dS @ K; dK = dS.T @ Q", ((bh, S, S), (bh, S, d)), (bh, S, d), 2 * f)) if need_dx else ()
+        fwd = (Compute("A = softmax(Q @ K.T)", ((bh, S, d), (bh, d, S)), (bh, S, S), f,
+                       partial(kernels.attention_forward_scores, S, d)),
+               Compute("Y = A @ V", ((bh, S, S), (bh, S, d)), (bh, S, d), f, kernels.attention_forward_output))
+        bwd = (Compute("dA = dY @ V.T; dV = A.T @ dY", ((bh, S, d), (bh, d, S)), (bh, S, S), 2 * f,
+                       partial(kernels.attention_grad_values, S, d)),
+               Compute("dQ = dS @ K; dK = dS.T @ Q", ((bh, S, S), (bh, S, d)), (bh, S, d), 2 * f,
+                       partial(kernels.attention_grad_inputs, d))) if need_dx else ()
         mem = self.itemsize * (math.prod(xl) + math.prod(yl))    # scores recomputed (flash-attention style)
         return Schedule(s, fwd, bwd, mem)
 
@@ -251,8 +288,9 @@ class Elementwise(Layer):
 
     def _schedule(self, s, mesh, need_dx):
         xl = self._local(self.in_shape, self.sigs(s).x, mesh)
-        fwd = (Compute(f"Y = {self.op}(X)", (xl,), xl, 0.0),)
-        bwd = (Compute(f"dX = dY * {self.op}'(X)", (xl, xl), xl, 0.0),) if need_dx else ()
+        fwd = (Compute(f"Y = {self.op}(X)", (xl,), xl, 0.0, partial(kernels.activation_forward, self.op)),)
+        bwd = (Compute(f"dX = dY * {self.op}'(X)", (xl, xl), xl, 0.0, partial(kernels.activation_grad, self.op)),
+               ) if need_dx else ()
         return Schedule(s, fwd, bwd, self.itemsize * 2 * math.prod(xl))
 
 
@@ -278,12 +316,25 @@ class Embedding(Layer):
         x = tuple(Split(0) if p == Split(0) else B for p in y)
         return Sigs(x, y, y, x)
 
+    def table_sig(self, s: Strategy) -> Signature:
+        """The table's placement (and its gradient's): rows split for r, columns for c, else replicated."""
+        return _per_axis(s.choices, {"dar": B, "dag": B, "r": Split(0), "c": Split(1), "-": B})
+
+    def data_shapes(self):
+        return {"W": (self.vocab, self.dim), "dY": self.out_shape}
+
+    def data_sigs(self, s):
+        return {"W": self.table_sig(s), "dY": self.sigs(s).dy}
+
+    def output_sigs(self, s):
+        return {"Y": self.sigs(s).y, "dW": self.table_sig(s)}
+
     def _schedule(self, s, mesh, need_dx):
         """Gradient exchanges are Steps on the table gradient [vocab, dim] (allreduce: dense P->B; allgather:
         the touched rows plus their int64 indices, sparse); r's alltoall Steps carry the looked-up rows
         [tokens, dim] to and from the table's owners, forward and backward."""
         g = self.sigs(s)
-        table = _per_axis(s.choices, {"dar": B, "dag": B, "r": Split(0), "c": Split(1), "-": B})
+        table = self.table_sig(s)
         tl = self._local((self.vocab, self.dim), table, mesh)
         yl = self._local(self.out_shape, g.y, mesh)
         # traffic: a lookup reads only the rows it gathers; the gradient is a zero-filled table into whose
@@ -309,7 +360,7 @@ class Embedding(Layer):
                 exchanges.append(Step(axis, "allgather", src, table, 0, None, grp.size, grp.link, (rows, tl[1]),
                                       (rows * grp.size, tl[1]), nbytes, nbytes * grp.size))
                 density = min(1.0, density * grp.size)
-        fwd = (Compute("Y = W[ids]", (yl,), yl, 0.0), *moves)
-        bwd = (*moves[::-1], Compute("dW[ids] += dY", (yl, yl), tl, 0.0), *exchanges)
+        fwd = (Compute("Y = W[ids]", (yl,), yl, 0.0, kernels.embedding_lookup), *moves)
+        bwd = (*moves[::-1], Compute("dW[ids] += dY", (yl, yl), tl, 0.0, kernels.embedding_grad), *exchanges)
         mem = self.itemsize * ((2 + OPTIMIZER_STATES) * math.prod(tl) + math.prod(yl))
         return Schedule(s, fwd, bwd, mem)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from microbench.errors import UsageError
+from microbench.links import link_of
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,7 @@ class AxisGroup:
 
     @property
     def link(self) -> str:
-        if self.nodes == 1:
-            return "intra"
-        return "inter" if self.ranks_per_node == 1 else "spread"
+        return link_of(self.nodes, self.ranks_per_node)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ PRESETS = {
     "gpt-2.5b": ("transformer", {"d": 1920, "heads": 20, "layers": 54, "seq": 1024, "batch": 512, "vocab": 51200}),
     "gpt-4.2b": ("transformer", {"d": 2304, "heads": 24, "layers": 64, "seq": 1024, "batch": 512, "vocab": 51200}),
     "gpt-8.3b": ("transformer", {"d": 3072, "heads": 32, "layers": 72, "seq": 1024, "batch": 512, "vocab": 51200}),
+    # GPT-3 (Brown et al. 2020) and the Megatron-LM 1T model (Narayanan et al. 2021), sequence 2048
+    "gpt3-175b": ("transformer", {"d": 12288, "heads": 96, "layers": 96, "seq": 2048, "batch": 1536, "vocab": 51200}),
+    "gpt-1t": ("transformer", {"d": 25600, "heads": 160, "layers": 128, "seq": 2048, "batch": 3072, "vocab": 51200}),
 }
 
 KINDS = {
@@ -83,8 +86,8 @@ def _params(kind: str, given: dict[str, str]) -> dict:
     return out
 
 
-def parse_model(spec: str, dtype: str = "float32") -> Model:
-    """A Model from "NAME[:key=value,...]"."""
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """(kind, parameters) of "NAME[:key=value,...]", a preset's parameters overridden by those given."""
     name, _, rest = spec.strip().partition(":")
     given = {}
     for item in filter(None, (t.strip() for t in rest.split(","))):
@@ -100,6 +103,14 @@ def parse_model(spec: str, dtype: str = "float32") -> Model:
     else:
         raise UsageError(f"unknown model or layer {name!r}; choose from {', '.join([*PRESETS, *KINDS])}")
     p = _params(kind, given)
+    if kind == "transformer" and p["d"] % p["heads"] and not p["head_dim"]:
+        raise UsageError(f"transformer: d={p['d']} is not divisible by heads={p['heads']}")
+    return kind, p
+
+
+def parse_model(spec: str, dtype: str = "float32") -> Model:
+    """A Model from "NAME[:key=value,...]"."""
+    kind, p = parse_spec(spec)
     isz = dtype_itemsize(dtype)
     if kind == "linear":
         layers: list[Layer] = [Linear("linear", isz, p["m"], p["k"], p["n"])]
@@ -118,7 +129,5 @@ def parse_model(spec: str, dtype: str = "float32") -> Model:
             raise UsageError(f"embedding: density must be in (0, 1] (got {p['density']})")
         layers = [Embedding("embed", isz, p["vocab"], p["dim"], p["tokens"], p["density"])]
     else:
-        if p["d"] % p["heads"] and not p["head_dim"]:
-            raise UsageError(f"transformer: d={p['d']} is not divisible by heads={p['heads']}")
         layers = _transformer(p, isz)
     return Model(spec, tuple(layers))

@@ -8,16 +8,30 @@ import sys
 
 from analysis.pricing import Fallback
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
+from microbench.ops import OPS
 
 
-def add_mesh_arguments(p, mesh_help: str, required: bool) -> None:
-    """--mesh and how its ranks sit on nodes, and the element type: the device mesh a strategy is priced on."""
+def add_mesh_arguments(p, mesh_help: str, required: bool, training: bool = False) -> None:
+    """--mesh and how its ranks sit on nodes, and the element type: the device mesh a strategy is priced on.
+    `training`: the command also prices training steps, so --dtype takes half precision and defaults to None (a
+    layer mesh then uses float32, a training step the calibration's fastest GEMM dtype)."""
     p.add_argument("--mesh", required=required, default=None, help=mesh_help)
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: the last axis's size)")
     p.add_argument("--devices", type=int, default=None, help="device count the mesh must match")
     add_nics_argument(p)
-    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES, help="element type (prices GEMMs)")
+    add_dtype_argument(p, training)
+
+
+def add_dtype_argument(p, training: bool = False) -> None:
+    """--dtype; with `training` any GEMM element type (host or device) and no default: a layer mesh then uses float32,
+    a training step the calibration's fastest GEMM dtype."""
+    if training:
+        gemm = OPS["gemm"]
+        p.add_argument("--dtype", default=None, choices=tuple(dict.fromkeys(gemm.dtypes + (gemm.device_dtypes or ()))),
+                       help="element type (prices GEMMs; default float32 for --mesh, the calibration's fastest GEMM "
+                            "dtype for a training step)")
+    else:
+        p.add_argument("--dtype", default="float32", choices=OPS["gemm"].dtypes, help="element type (prices GEMMs)")
 
 
 def add_nics_argument(p) -> None:
@@ -28,6 +42,10 @@ def nics_per_node(args: argparse.Namespace) -> int:
     if args.nics_per_node < 1:
         raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
     return args.nics_per_node
+
+
+def add_json_argument(p) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def add_strict_argument(p: argparse.ArgumentParser) -> None:

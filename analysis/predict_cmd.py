@@ -1,7 +1,8 @@
 """`commcal predict CAL --op OP --link LINK --procs P --bytes SIZE [--after-compute] [--json]`: one predicted time
 with its 95% interval, saying when it extrapolates beyond what was measured. With --layer/--strategy/--mesh instead
 of --op, the plan and cost of one layer strategy: its forward and backward steps in execution order, with the
-output resolved P -> B (run_strategy)."""
+output resolved P -> B (run_strategy). With --model/--config/--devices/--gpus-per-node, one training step's
+breakdown and memory (analysis.training_view)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import json
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s, nics_per_node, report_fallbacks
+from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
+                              nics_per_node, report_fallbacks)
 from analysis.pricing import Fallback, Pricer, after_compute, resolve
 from analysis.search import Tabulator
 from analysis.summary import chain_steps
+from analysis.training_view import add_training_arguments, run_predict
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
-from microbench.records import LINK_CLASSES
+from microbench.links import LINK_CLASSES
 from microbench.sizes import format_size, parse_size
 
 
@@ -30,13 +33,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after-compute", action="store_true",
                    help="the call directly follows a local computation: price it by the calibration's after-compute "
                         "model where it has one (commcal fit --after-compute)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_argument(p)
     add_strategy_arguments(p)
     add_strict_argument(p)
+    add_training_arguments(p, predict=True)
 
 
 def run(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration)
+    if args.config:
+        return run_predict(args, cal)
     if args.layer:
         return run_strategy(args, cal)
     missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
@@ -65,7 +71,7 @@ def add_strategy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layer strategy (instead of --op)")
     g.add_argument("--layer", default=None, help="layer or model spec, e.g. linear:m=4096,k=8192,n=8192")
     g.add_argument("--strategy", default=None, help="strategy id, one choice per mesh axis, e.g. m.n or -.k/ws")
-    add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False)
+    add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False, training=True)
 
 
 def _row(st, after: bool, pricer: Pricer) -> dict:
@@ -85,12 +91,13 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
     if not (args.strategy and args.mesh):
         raise UsageError("predict --layer needs --strategy and --mesh")
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
-    model = parse_model(args.layer, args.dtype)
+    dtype = args.dtype or "float32"
+    model = parse_model(args.layer, dtype)
     if len(model.layers) != 1:
         raise UsageError(f"--layer {args.layer!r} is a model of {len(model.layers)} layers; give one layer")
     layer = model.layers[0]
     strategy = parse_strategy(args.strategy)
-    pricer = Pricer(calibration, mesh, args.dtype, nics_per_node(args))
+    pricer = Pricer(calibration, mesh, dtype, nics_per_node(args))
     tables = Tabulator(pricer).tables(model)
     ids = [s.id for s in tables.options[0].strategies]
     if strategy.id not in ids:

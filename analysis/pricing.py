@@ -28,10 +28,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from analysis.mesh import Mesh
+from microbench.links import FALLBACK
 from microbench.ops import itemsize
 
-FALLBACK = {"intra": ("intra", "spread", "inter"), "inter": ("inter", "spread", "intra"),
-            "spread": ("spread", "inter", "intra")}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """`commcal search CAL --model SPEC --mesh 2x4 [--memory-cap 80G] [--top 5] [--json]`: the fastest SBP
 strategy per layer (exact by dynamic programming over the chain), its predicted time split into compute and
-communication per collective and link class, the runners-up, and how far coordinate descent lands."""
+communication per collective and link class, the runners-up, and how far coordinate descent lands.
+`commcal search CAL --model gpt3-175b --devices 1024 --gpus-per-node 8`: instead of a mesh, the whole space of
+training configurations (t, p, d, micro-batch, schedule, ZeRO, SP, recomputation, overlap) and the best few with
+their breakdown (analysis.training_view)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ import time
 
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.options import add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s, nics_per_node, report_fallbacks
+from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
+                              nics_per_node, report_fallbacks)
 from analysis.pricing import Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
 from analysis.summary import summarize
+from analysis.training_view import add_training_arguments, run_search
 from microbench.errors import UsageError
 from microbench.sizes import parse_size
 
@@ -22,14 +27,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
     p.add_argument("--model", required=True, help="preset or layer spec, e.g. gpt-8.3b, vgg13, "
                    "transformer:d=8192,heads=64,layers=96, linear:m=4096,k=8192,n=8192")
-    add_mesh_arguments(p, "device mesh axis sizes, e.g. 2x4 (nodes x ranks per node) or 2x2x2", required=True)
+    add_mesh_arguments(p, "device mesh axis sizes, e.g. 2x4 (nodes x ranks per node) or 2x2x2 (or, for a training "
+                       "step, --devices and --gpus-per-node)", required=False, training=True)
     p.add_argument("--memory-cap", default=None, help="bytes per device, e.g. 80G (binary units)")
-    p.add_argument("--top", type=int, default=3, help="runners-up shown per layer")
+    p.add_argument("--top", type=int, default=3, help="runners-up shown per layer (best configurations shown, for "
+                   "a training step)")
     p.add_argument("--restarts", type=int, default=8, help="coordinate-descent random restarts")
     p.add_argument("--cd-window", type=int, default=2, help="layers coordinate descent re-optimises at once "
                    "(1: AutoDDL's one layer at a time)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_argument(p)
     add_strict_argument(p)
+    add_training_arguments(p, predict=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 0 or args.restarts < 0 or args.cd_window < 1:
         raise UsageError("--top and --restarts must be >= 0 and --cd-window >= 1")
+    if args.mesh is None:
+        if args.gpus_per_node is None:
+            raise UsageError("search needs --mesh (layer strategies) or --devices and --gpus-per-node (a training step)")
+        return run_search(args, load_calibration(args.calibration))
+    args.dtype = args.dtype or "float32"
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
     model = parse_model(args.model, args.dtype)
     cap = parse_size(args.memory_cap) if args.memory_cap else None

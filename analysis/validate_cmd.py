@@ -13,19 +13,19 @@ from dataclasses import dataclass
 
 from analysis.layers import Layer
 from analysis.models import parse_model
-from analysis.options import add_nics_argument, add_strict_argument
-from microbench.backends import BACKENDS
+from analysis.options import add_dtype_argument, add_nics_argument, add_strict_argument
 from microbench.errors import UsageError
-from microbench.ops import GEMM_DTYPES
+from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
 from microbench.stats import StopRule
 from microbench.threads import LEVELS, choose
 
 ALLOCATORS = ("cache", "system")
 QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
                 "embedding:vocab=256,dim=64,tokens=128,density=0.25")
-QUICK = {"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16, "rounds": 3, "refine_rounds": 3}
-DEFAULTS = {"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64, "rounds": 3,
-            "refine_rounds": 6}
+PRESETS = Presets(
+    defaults={"target_ci": 0.02, "budget": 1.0, "min_samples": 10, "max_strategies": 64, "rounds": 3,
+              "refine_rounds": 6},
+    quick={"target_ci": 0.1, "budget": 0.15, "min_samples": 6, "max_strategies": 16, "refine_rounds": 3})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,31 +36,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--dtype", default="float32", choices=GEMM_DTYPES)
-    p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
-                   help="mpi: numpy buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL "
-                        "(the calibration must come from a sweep with the same backend)")
+    add_dtype_argument(p)
+    add_backend_argument(p, BACKEND_HELP + " (the calibration must come from a sweep with the same backend)")
     p.add_argument("--thread-level", choices=LEVELS,
                    help="the MPI thread level to ask for (default: MPI4PY_RC_THREAD_LEVEL if set, else the lowest "
                         "the harness needs: single; funneled for the GPU backends); recorded in run.json")
     add_nics_argument(p)
-    p.add_argument("--quick", action="store_true",
-                   help=f"small default layers ({' '.join(QUICK_LAYERS)}), loose target, short budget")
-    p.add_argument("--target-ci", type=float, default=None, help="stop when the median's 95%% CI is within "
-                   f"+-this (default {DEFAULTS['target_ci']}; quick {QUICK['target_ci']})")
-    p.add_argument("--budget", type=float, default=None, help="seconds per strategy before stopping anyway "
-                   f"(default {DEFAULTS['budget']}; quick {QUICK['budget']})")
-    p.add_argument("--min-samples", type=int, default=None)
-    p.add_argument("--rounds", type=int, default=None,
-                   help="time each layer's strategies in this many passes over them, each with its share of the "
-                        f"budget, pooling the samples (default {DEFAULTS['rounds']}), so that the machine's drift "
-                        "over seconds does not favour the strategies timed in a quiet window")
+    add_quick_argument(p, f"small default layers ({' '.join(QUICK_LAYERS)}), loose target, short budget")
+    add_stop_arguments(p, PRESETS, "a strategy", "time each layer's strategies in this many passes over them, each "
+                       "with its share of the budget, pooling the samples, so that the machine's drift over seconds "
+                       "does not favour the strategies timed in a quiet window")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"seconds per strategy before stopping anyway ({PRESETS.say('budget')})")
     p.add_argument("--refine-rounds", type=int, default=None,
                    help="then this many more passes, each with a round's budget, over each layer's contenders: "
                         "the strategies within --refine-margin of the layer's best, predicted or measured, end to "
                         "end or in communication; they decide top-1 and regret, where a near-tie would otherwise "
-                        f"be settled by noise (default {DEFAULTS['refine_rounds']}; quick "
-                        f"{QUICK['refine_rounds']}; 0: none)")
+                        f"be settled by noise ({PRESETS.say('refine_rounds')}; 0: none)")
     p.add_argument("--refine-margin", type=float, default=0.1,
                    help="contenders are within this fraction of the best (default 0.1)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="cache",
@@ -73,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default where the calibration does not say)")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
-                   f"(default {DEFAULTS['max_strategies']}; quick {QUICK['max_strategies']})")
+                   f"({PRESETS.say('max_strategies')})")
     p.add_argument("--top-k", type=int, default=3, help="k of the top-k overlap metric")
     p.add_argument("--seed", type=int, default=0, help="seed of data, strategy sample and bootstrap")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
@@ -90,8 +82,7 @@ class Config:
 
 
 def config(args) -> Config:
-    base = QUICK if args.quick else DEFAULTS
-    pick = lambda name: base[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
+    pick = lambda name: PRESETS.pick(args, name)  # noqa: E731
     target, budget, mins, most = pick("target_ci"), pick("budget"), pick("min_samples"), pick("max_strategies")
     rounds, refine = pick("rounds"), pick("refine_rounds")
     if not (0 < target < 1) or budget <= 0 or mins < 2 or most < 1 or rounds < 1 or args.top_k < 1 \

@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from microbench.backends import NcclBackend
-from microbench.driver import measure_collective, measure_gemm
+from microbench.driver import measure_collective, measure_local
 from microbench.ops import COMM_DTYPE, OPS, itemsize
 from microbench.sizes import format_size
 from microbench.stats import StopRule, estimate
@@ -38,10 +38,10 @@ def main() -> None:
     b = NcclBackend(world, hosts)
     rule = StopRule(target_ci=0.02, min_samples=10, budget_s=2.0)
     print(f"# {b.devices(world)[0]['name']}  versions {b.versions()}")
-    for dtype in b.gemm_dtypes():
+    for dtype in b.dtypes(OPS["gemm"]):
         for n in (4096, 8192):
             lay = OPS["gemm"].layout(n * n * itemsize(dtype), 1, itemsize(dtype))
-            m = measure_gemm(lay, dtype, rule, b)
+            m = measure_local(OPS["gemm"], lay, dtype, rule, b)
             print(f"gemm {dtype:<9} n={n:<5} {m.flops / m.estimate.median / 1e12:8.1f} TFLOP/s  wrong={m.wrong}")
     timer, _ = b.make_timer(world, "auto")
     for name in ("allreduce", "bcast"):

@@ -1,5 +1,7 @@
 """Benchmarks that print figures: strategy cost evaluations per second, search seconds for a 96-layer
-transformer on a 1,024-device three-level mesh, and coordinate descent's gap to the exact optimum.
+transformer on a 1,024-device three-level mesh, and coordinate descent's gap to the exact optimum; then the
+training-step search over the whole space (targets: GPT-3 175B on 1,024 devices <= 1 s, a 1T model on 4,096
+devices <= 10 s) on the Selene spec.
 Run: python -m benchmarks.search [CALIBRATION]  (default: a synthetic calibration)."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from analysis.pricing import Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, dp, evaluate_many
+from analysis.training import TrainingPricer, Transformer, space
 
 
 def _calibration(argv):
@@ -58,7 +61,24 @@ def main(argv=None) -> int:
     pricer.price(steps)
     dt = time.perf_counter() - t5
     print(f"layer schedules priced from the calibration: {len(steps)} in {dt:.3f} s = {len(steps) / dt:,.0f}/s")
+    training_search()
     return 0
+
+
+def training_search() -> None:
+    """Seconds to price every training configuration of two models on the Selene spec (8 devices per node)."""
+    from calib.calibration import calibration_from_dict
+    from calib.spec import load_spec
+
+    cal = calibration_from_dict(load_spec("selene").to_json())
+    for name, devices, target in (("gpt3-175b", 1024, 1.0), ("gpt-1t", 4096, 10.0)):
+        t0 = time.perf_counter()
+        pricer = TrainingPricer(cal, Transformer.parse(name), devices, 8, "float16", memory_bytes=cal.memory_bytes())
+        steps = [pricer.price(c) for c in space(pricer.model, devices)]
+        dt = time.perf_counter() - t0
+        best = min((s for s in steps if s.feasible), key=lambda s: s.total_s)
+        print(f"training search {name} on {devices} devices: {len(steps):,} configurations in {dt:.2f} s "
+              f"(target <= {target:g} s), {1e6 * dt / len(steps):.1f} us each; best {best.config}: {best.total_s:.3g} s")
 
 
 if __name__ == "__main__":

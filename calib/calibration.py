@@ -1,6 +1,6 @@
 """The calibration file: the one loader (validates against calibration.schema.json, rejects unknown
-versions, missing or unknown keys and wrong types with one line naming the key) and the predictions
-every consumer (predict, analysis, reports) makes from it."""
+versions, missing or unknown keys and wrong types with one line naming the key, and reads the file into
+calib.result.CalibrationResult) and the predictions every consumer (predict, analysis, reports) makes from it."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import numpy as np
 from jsonschema import Draft202012Validator
 
 from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_terms, segment_bounds
+from calib.result import SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-SCHEMA = "commcal.calibration"
-VERSION = 10
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
-provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added
+provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
+a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
 provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
@@ -100,12 +100,6 @@ def model_sets(data: dict) -> list[tuple[str, dict]]:
     return [("models", data["models"])] + ([("after_compute.models", after["models"])] if after else [])
 
 
-def set_suffix(key: str) -> str:
-    """What names a model of model_sets' set `key` apart after its "op/link" or link: nothing for the main
-    models, " after compute" for the others (reports and diff label them so)."""
-    return "" if key == "models" else " after compute"
-
-
 @dataclass(frozen=True)
 class Prediction:
     """A predicted time with its 95% prediction interval, and whether it left the measured range."""
@@ -140,13 +134,13 @@ class _Piecewise:
     identifiable: bool
 
     @classmethod
-    def from_json(cls, model: dict) -> "_Piecewise":
-        segs = model["segments"]
-        col = lambda key: np.array([s[key] for s in segs], dtype=float)  # noqa: E731
-        return cls(model["algorithm"], segment_bounds(col("max_bytes"), col("min_bytes")), col("alpha_s"),
+    def of(cls, model: Model) -> "_Piecewise":
+        segs = model.segments
+        col = lambda key: np.array([getattr(s, key) for s in segs], dtype=float)  # noqa: E731
+        return cls(model.algorithm, segment_bounds(col("max_bytes"), col("min_bytes")), col("alpha_s"),
                    col("beta_s_per_byte"), col("alpha_se_s") ** 2, col("beta_se_s_per_byte") ** 2,
-                   col("cov_alpha_beta_s2_per_byte"), col("rel_resid_sd"), float(segs[0]["min_bytes"]),
-                   float(segs[-1]["max_bytes"]), tuple(model["procs_measured"]), bool(model["identifiable"]))
+                   col("cov_alpha_beta_s2_per_byte"), col("rel_resid_sd"), float(segs[0].min_bytes),
+                   float(segs[-1].max_bytes), tuple(model.procs_measured), bool(model.identifiable))
 
     def terms(self, op: str, procs: int, nbytes: np.ndarray):
         """(seconds, segment index, a, b*n) for each size; p2p operations ignore procs."""
@@ -156,39 +150,42 @@ class _Piecewise:
 
 @dataclass(frozen=True, eq=False)
 class Calibration:
-    """A validated calibration file and the predictions made from it."""
+    """A validated calibration file (`data`, the JSON; `result`, the same as calib.result.CalibrationResult) and the
+    predictions made from it."""
 
     data: dict
     path: str | None = None
+    result: CalibrationResult = field(init=False, repr=False)
     backend: str = field(init=False)
     _models: dict = field(init=False, repr=False)
     _after: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", self.data["backend"])
-        sets = [{(op, link): _Piecewise.from_json(m) for op, by_link in models.items() for link, m in by_link.items()}
-                for _, models in model_sets(self.data)]
+        result = CalibrationResult.from_json(self.data)
+        object.__setattr__(self, "result", result)
+        object.__setattr__(self, "backend", result.backend)
+        sets = [{key: _Piecewise.of(m) for key, m in models.items()} for _, models in result.model_sets()]
         object.__setattr__(self, "_models", sets[0])
         object.__setattr__(self, "_after", sets[1] if len(sets) > 1 else {})
 
     @property
     def after_gemm(self) -> int:
         """N of the GEMM before each call of the sweeps behind the after-compute models (0: none)."""
-        return int(self.data.get("after_compute", {}).get("after_gemm", 0))
+        return self.result.after_gemm
 
     @property
     def page_policy(self) -> str | None:
         """The huge-page advice ('hugepage' or 'nohugepage') the sweeps' host buffers had; None when unknown
         (calibrations before version 8)."""
-        return next((r["page_policy"] for r in self.data["provenance"]["runs"] if "page_policy" in r), None)
+        return next((r["page_policy"] for r in self.result.provenance["runs"] if "page_policy" in r), None)
 
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
-        return {k: dict(v) for k, v in self.data["link_classes"].items()}
+        return {k: dict(v) for k, v in self.result.link_classes.items()}
 
     def groups_per_node(self, link: str) -> int:
         """How many groups of `link` per node ran at once when it was measured (1 before sweep --concurrent)."""
-        return int(self.data["link_classes"].get(link, {}).get("groups_per_node", 1))
+        return int(self.result.link_classes.get(link, {}).get("groups_per_node", 1))
 
     def has(self, op: str, link: str) -> bool:
         return (op, link) in self._models
@@ -244,23 +241,32 @@ class Calibration:
         return np.maximum(t, 0.0)
 
     def gemm_flops_per_s(self, dtype: str) -> float:
-        rates = self.data["compute"]["gemm"]
+        rates = self.result.gemm
         if dtype not in rates:
             raise UsageError(f"calibration {self.path or ''} has no GEMM rate for dtype {dtype!r} "
                              f"(has: {', '.join(rates) or 'none'})")
-        return _rate(rates[dtype]["flops_per_s"], f"calibration {self.path or ''}: GEMM rate of {dtype}")
+        return _rate(rates[dtype].flops_per_s, f"calibration {self.path or ''}: GEMM rate of {dtype}")
 
     def copy_cost(self) -> tuple[float, float] | None:
         """(latency_s, bytes_per_s) of a local copy, bytes read and written; None before version 3 or
         where the sweep measured no copy."""
-        c = self.data["compute"].get("copy")
-        return None if c is None else (float(c["latency_s"]),
-                                       _rate(c["bytes_per_s"], f"calibration {self.path or ''}: copy rate"))
+        c = self.result.copy
+        return None if c is None else (float(c.latency_s), _rate(c.bytes_per_s, f"calibration {self.path or ''}: copy rate"))
+
+    def memory_bytes(self) -> float | None:
+        """Device memory in bytes (calibrations from a spec, version >= 10), or None when unknown."""
+        return self.result.memory_bytes
+
+    def spec(self) -> dict | None:
+        """The hardware spec the calibration was written from (provenance origin), or None for a measured one."""
+        return next((r["origin"]["spec"] for r in self.result.provenance["runs"] if "spec" in r.get("origin", {})),
+                    None)
 
     def gemm_latency_s(self, dtype: str) -> float:
         """Per-call overhead of a local product (0 in calibrations before version 3)."""
         self.gemm_flops_per_s(dtype)
-        return float(self.data["compute"]["gemm"][dtype].get("latency_s", 0.0))
+        latency = self.result.gemm[dtype].latency_s
+        return 0.0 if latency is None else float(latency)
 
 
 def _rate(value: float, what: str) -> float:

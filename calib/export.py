@@ -54,11 +54,11 @@ def levels(cal: Calibration) -> tuple[list[Level], list[str]]:
     links = [lk for lk in TIER_LINKS if lk in classes and not (lk == "spread" and "inter" in classes)]
     out, missing = [], []
     for link in links:
-        p2p = cal.data["p2p"].get("pingpong", {}).get(link)
-        if p2p is None or not p2p["beta_s_per_byte"] > 0:
+        p2p = cal.result.p2p.get("pingpong", {}).get(link)
+        if p2p is None or not p2p.beta_s_per_byte > 0:
             missing.append(f"{link}: no pingpong model (sweep --ops pingpong on that link), so no latency or rate")
             continue
-        out.append(Level(link, max(p2p["alpha_s"], 0.0), 1.0 / p2p["beta_s_per_byte"], max(classes[link]["procs"])))
+        out.append(Level(link, max(p2p.alpha_s, 0.0), 1.0 / p2p.beta_s_per_byte, max(classes[link]["procs"])))
     if not out:
         raise UsageError("the calibration has no link class with a pingpong model: an export needs each link's "
                          "point-to-point latency and rate (sweep --ops pingpong)")
@@ -81,24 +81,24 @@ def calculon(cal: Calibration) -> Export:
     for lv in tiers:
         ops: dict[str, list] = {"p2p": [1.0, None]}
         for name, op in CALCULON_OPS.items():
-            model = cal.data["models"].get(op, {}).get(lv.link)
+            model = cal.result.models.get((op, lv.link))
             if model is None:
                 missing.append(f"networks[{lv.link}].ops.{name}: no {op} model on {lv.link}")
                 continue
-            k = _ring_factor(model["algorithm"])
-            ratio = model["beta_s_per_byte"] * lv.bytes_per_s
+            k = _ring_factor(model.algorithm)
+            ratio = model.beta_s_per_byte * lv.bytes_per_s
             if k is None:   # log2 p bandwidth shapes: fixed at the level's size
-                ops[name] = [float(algorithm(model["algorithm"]).b(lv.procs)) * ratio, 0]
+                ops[name] = [float(algorithm(model.algorithm).b(lv.procs)) * ratio, 0]
             else:
                 ops[name] = [k * ratio, -1]
         networks.append({"bandwidth": lv.bytes_per_s / 1e9, "efficiency": 1.0, "size": lv.procs,
                          "latency": lv.alpha_s, "ops": ops})
         missing += [f"networks[{lv.link}].must_be_filled", f"networks[{lv.link}].processor_usage"]
     doc: dict = {"networks": networks}
-    gemm = cal.data["compute"]["gemm"]
+    gemm = cal.result.gemm
     if gemm:
-        dtype = max(gemm, key=lambda d: gemm[d]["flops_per_s"])
-        doc = {"matrix": {"tflops": gemm[dtype]["flops_per_s"] / 1e12,
+        dtype = max(gemm, key=lambda d: gemm[d].flops_per_s)
+        doc = {"matrix": {"tflops": gemm[dtype].flops_per_s / 1e12,
                           "gflops_efficiency": {dtype: [[0, 1.0]]}}, **doc}
     else:
         missing.append("matrix: the calibration has no GEMM rate")
@@ -135,10 +135,10 @@ def astra_sim(cal: Calibration, topology: list[str] | None) -> Export:
 def busbw(cal: Calibration, op: str, link: str) -> float | None:
     """An operation's bus bandwidth (bytes/s) on a link at the largest size and process count its model measured
     (nccl-tests' definition: size * bus factor / time); None without a model."""
-    model = cal.data["models"].get(op, {}).get(link)
+    model = cal.result.models.get((op, link))
     if model is None:
         return None
-    procs, nbytes = max(model["procs_measured"]), model["segments"][-1]["max_bytes"]
+    procs, nbytes = max(model.procs_measured), model.segments[-1].max_bytes
     seconds = float(cal.predict_seconds(op, link, procs, np.array([nbytes]))[0])
     return nbytes * OPS[op].bus_factor(procs) / seconds if seconds > 0 else None
 
@@ -157,7 +157,8 @@ def simai(cal: Calibration) -> Export:
             if bw is None:
                 missing.append(f"{group}.{SIMAI_NAMES[op]}: no {op} model on {link or 'an inter-node link'}")
             lines.append(f"{SIMAI_NAMES[op]},: {'null' if bw is None else round(bw / 1e9, 6)}")
-    pp = (cal.data["p2p"].get("pingpong", {}).get(outer) or {}).get("bandwidth_bytes_per_s") if outer else None
+    q = cal.result.p2p.get("pingpong", {}).get(outer) if outer else None
+    pp = None if q is None else q.bandwidth_bytes_per_s
     if not pp:
         missing.append("PP.busbw: no pingpong model on an inter-node link")
     lines += ["PP:", f"busbw: {round(pp / 1e9, 6) if pp else 'null'}"]

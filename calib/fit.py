@@ -1,4 +1,4 @@
-"""From sweep points to the calibration dict: per (op, link) the algorithm model chosen by held-out error,
+"""From sweep points to the calibration (calib.result.CalibrationResult): per (op, link) the algorithm model chosen by held-out error,
 the per-process-count Hockney table, point-to-point link parameters, GEMM rates, and loud warnings."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 
 from calib.algorithms import P2P_OPS, algorithm, candidates, distinguishable
-from calib.calibration import SCHEMA, VERSION
+from calib.result import (AfterCompute, CalibrationResult, Candidate, CopyRate, GemmRate, HockneyRow, Model,
+                          p2p_of)
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.segments import Points, fit_piecewise
-from calib.synthetic import LINK_MEANING
 from microbench.errors import UsageError
+from microbench.links import MEANING
 from microbench.ops import LOCAL_OPS
 
 
@@ -43,8 +44,10 @@ def _fmt_range(seg) -> str:
 
 OVERRIDE = (0.25, 0.005)
 """A fixed number of segments replaces the BIC's choice only when its held-out median error is lower by this share
-and by this much: on synthetic data whose segments BIC found, another number scored up to 16% (0.0013) lower by
-chance, and on straight lines with 1% noise per sample, where held-out errors are about 0.0015, by more than 25%."""
+and by this much: where BIC's segmentation is right, another number of segments still scores lower by chance, by a
+share that grows as the errors shrink toward the noise, so both a relative and an absolute margin are needed to
+keep chance from overriding it (the figures behind the thresholds: docs/results.md, "The held-out override of
+BIC")."""
 
 
 def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
@@ -68,8 +71,8 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
     return other if gain > max(share * bic[0].median, least_gain) else bic
 
 
-def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[dict | None, list[str]]:
-    """The chosen model of one (op, link) as calibration JSON, and its warnings (None: too few points)."""
+def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[Model | None, list[str]]:
+    """The chosen model of one (op, link), and its warnings (None: too few points)."""
     tag = f"{op}/{link}"
     pts = _points(df)
     if pts.n_sizes < 3 or len(pts.seconds) < 3:
@@ -102,20 +105,14 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[d
                             f"{opts.target_median_abs_rel_err:.0%} target")
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
     by_name = {f.algorithm.name: (h, f) for h, f, _ in choices}
-    cand = [{"algorithm": alg.name, "heldout_median_abs_rel_err": h.median, "heldout_p90_abs_rel_err": h.p90,
-             "n_segments": len(f.segments)}
+    cand = [Candidate(alg.name, h.median, h.p90, len(f.segments))
             for alg in algs for h, f in [by_name.get(alg.name, (held, fit))]]
-    first, last = fit.segments[0], fit.segments[-1]
-    model = {"algorithm": chosen.name, "algorithm_description": chosen.description, "procs_measured": procs,
-             "identifiable": identifiable, "fit_method": opts.method, "min_segment_sizes": least,
-             "alpha_s": first.alpha_s, "alpha_ci95_s": list(first.ci95[0]),
-             "beta_s_per_byte": last.beta_s_per_byte, "beta_ci95_s_per_byte": list(last.ci95[1]),
-             "segments": [s.to_json() for s in fit.segments], "candidates": cand,
-             "heldout": held.to_json(), "warnings": warnings}
+    model = Model.build(chosen.name, chosen.description, procs, identifiable, opts.method,
+                        [s.segment() for s in fit.segments], cand, held.result(), warnings, least)
     return model, warnings
 
 
-def hockney_rows(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[list[dict], list[str]]:
+def hockney_rows(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[list[HockneyRow], list[str]]:
     """t = alpha + beta n per process count (segmented like the models), one row per segment."""
     rows, warnings = [], []
     line = algorithm("hockney")
@@ -126,15 +123,12 @@ def hockney_rows(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tupl
             continue
         _, fit, _ = _choose(line, pts, opts)
         for i, s in enumerate(fit.segments):
-            rows.append({"op": op, "link": link, "procs": int(procs), "segment": i, "min_bytes": s.min_bytes,
-                         "max_bytes": s.max_bytes, "alpha_s": s.alpha_s, "alpha_se_s": s.se[0],
-                         "alpha_ci95_s": list(s.ci95[0]), "beta_s_per_byte": s.beta_s_per_byte,
-                         "beta_se_s_per_byte": s.se[1], "beta_ci95_s_per_byte": list(s.ci95[1]), "r2": s.r2,
-                         "n_points": s.n_points})
+            rows.append(HockneyRow(op, link, int(procs), i, s.min_bytes, s.max_bytes, s.alpha_s, s.se[0],
+                                   tuple(s.ci95[0]), s.beta_s_per_byte, s.se[1], tuple(s.ci95[1]), s.r2, s.n_points))
     return rows, warnings
 
 
-def gemm_rates(df: pd.DataFrame) -> dict:
+def gemm_rates(df: pd.DataFrame) -> dict[str, GemmRate]:
     """Per dtype: the saturated GEMM rate R (median over sizes reaching 90% of the peak), where it saturates,
     and the per-call latency L of t = L + flops / R: the relative-error weighted mean of t - flops / R (at
     least 0), so small products are not priced at nanoseconds where a call costs microseconds."""
@@ -148,32 +142,31 @@ def gemm_rates(df: pd.DataFrame) -> dict:
         flops_per_s = float(np.median(rate[sat]))
         weights = 1.0 / seconds ** 2
         latency = float(np.sum(weights * (seconds - flops / flops_per_s)) / np.sum(weights))
-        out[str(dtype)] = {"flops_per_s": flops_per_s, "peak_flops_per_s": peak,
-                           "saturation_bytes": float(size[sat].min()), "n_points": int(len(rate)),
-                           "latency_s": max(latency, 0.0), "groups_per_node": int(sub["groups_per_node"].max())}
+        out[str(dtype)] = GemmRate(flops_per_s, peak, float(size[sat].min()), int(len(rate)), max(latency, 0.0),
+                                   int(sub["groups_per_node"].max()))
     return out
 
 
-def copy_rate(df: pd.DataFrame) -> dict:
-    """{"copy": ...} from copy points (empty without any): t = latency + moved bytes / rate, moved bytes being
+def copy_rate(df: pd.DataFrame) -> CopyRate | None:
+    """The local copy's rate from copy points (None without any): t = latency + moved bytes / rate, moved bytes being
     read + written (twice the operand), fitted by least squares in relative error; latency at least 0."""
     if df.empty:
-        return {}
+        return None
     seconds = df["seconds"].to_numpy(dtype=float)
     moved = 2.0 * df["size_bytes"].to_numpy(dtype=float)
     design = np.column_stack([np.ones_like(moved), moved]) / seconds[:, None]
     (latency, per_byte), *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
     if per_byte <= 0:              # too few or too noisy sizes: the largest size's plain rate
         latency, per_byte = 0.0, float(np.min(seconds[moved == moved.max()]) / moved.max())
-    return {"copy": {"bytes_per_s": 1.0 / float(per_byte), "latency_s": max(float(latency), 0.0),
-                     "n_points": int(len(seconds)), "groups_per_node": int(df["groups_per_node"].max())}}
+    return CopyRate(1.0 / float(per_byte), max(float(latency), 0.0), int(len(seconds)),
+                    int(df["groups_per_node"].max()))
 
 
 def _link_classes(points: pd.DataFrame) -> dict:
     out = {}
     for link, sub in points[~points["op"].isin(LOCAL_OPS)].groupby("link"):
         shapes = sub[["procs", "nodes", "ranks_per_node"]].drop_duplicates().sort_values("procs")
-        out[str(link)] = {"meaning": LINK_MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
+        out[str(link)] = {"meaning": MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
                           "ranks_per_node": int(shapes["ranks_per_node"].max()),
                           "procs": sorted({int(p) for p in shapes["procs"]}),
                           "groups_per_node": int(sub["groups_per_node"].max()),
@@ -189,7 +182,7 @@ def _version() -> str:
 
 
 def _fit_models(pts: pd.DataFrame, opts: FitOptions, hockney_table: bool = True) -> tuple[dict, list, list[str]]:
-    """({op: {link: model}}, Hockney rows, warnings) of the collectives and point-to-point operations in pts."""
+    """({(op, link): model}, Hockney rows, warnings) of the collectives and point-to-point operations in pts."""
     comm = pts[~pts["op"].isin(LOCAL_OPS)]
     models, hockney, warnings = {}, [], []
     for (op, link), df in comm.groupby(["op", "link"], sort=True):
@@ -202,7 +195,7 @@ def _fit_models(pts: pd.DataFrame, opts: FitOptions, hockney_table: bool = True)
             model, why = fit_model(str(op), str(link), shared, opts)
             warnings += why
             if model is not None:
-                models.setdefault(str(op), {})[str(link)] = model
+                models[(str(op), str(link))] = model
         if op not in P2P_OPS and hockney_table:
             rows, why = hockney_rows(str(op), str(link), df, opts)
             hockney += rows
@@ -210,7 +203,7 @@ def _fit_models(pts: pd.DataFrame, opts: FitOptions, hockney_table: bool = True)
     return models, hockney, warnings
 
 
-def _after_compute(runs: RunSet, after: RunSet, opts: FitOptions) -> tuple[dict, list[str]]:
+def _after_compute(runs: RunSet, after: RunSet, opts: FitOptions) -> tuple[AfterCompute, list[str]]:
     """The calibration's after_compute section from sweeps with --after-gemm, and warnings; UsageError where
     those sweeps did not run a GEMM before each call or were measured unlike the main runs."""
     gemm = {r["after_gemm"] for r in after.runs}.pop()
@@ -231,36 +224,30 @@ def _after_compute(runs: RunSet, after: RunSet, opts: FitOptions) -> tuple[dict,
     models, _, warnings = _fit_models(after.points, opts, hockney_table=False)
     if not models:
         raise UsageError("--after-compute runs hold no collective measured at more than one rank")
-    return ({"after_gemm": int(gemm), "run_ids": [r["run_id"] for r in after.runs], "models": models},
+    return (AfterCompute(int(gemm), tuple(r["run_id"] for r in after.runs), models),
             [f"after compute: {w}" for w in (*after.notes, *warnings)])
 
 
-def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | None = None) -> dict:
-    """The whole calibration dict (validated by the caller against the schema). `after`: runs of sweeps with
+def fit_result(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | None = None) -> CalibrationResult:
+    """The whole calibration (validated by the caller against the schema). `after`: runs of sweeps with
     --after-gemm, whose collectives become the after-compute models."""
     pts = runs.points
     models, hockney, warnings = _fit_models(pts, opts)
     warnings = list(runs.notes) + warnings
-    extra = {}
+    after_models = None
     if after is not None:
-        extra["after_compute"], why = _after_compute(runs, after, opts)
+        after_models, why = _after_compute(runs, after, opts)
         warnings += why
-    p2p = {op: {link: {"alpha_s": m["alpha_s"], "alpha_ci95_s": m["alpha_ci95_s"],
-                       "beta_s_per_byte": m["beta_s_per_byte"], "beta_ci95_s_per_byte": m["beta_ci95_s_per_byte"],
-                       "bandwidth_bytes_per_s": 1.0 / m["beta_s_per_byte"] if m["beta_s_per_byte"] > 0 else None}
-                for link, m in by_link.items()}
-           for op, by_link in models.items() if op in P2P_OPS}
     all_runs = runs.runs + (after.runs if after is not None else ())
-    return {
-        "schema": SCHEMA, "version": VERSION, "created_utc": datetime.now(timezone.utc).isoformat(),
-        "backend": str(pts["backend"].iloc[0]),
-        "fit": {**{k: v for k, v in asdict(opts).items() if k != "min_sizes"}, "commcal_version": _version()},
-        "provenance": {"run_ids": [r["run_id"] for r in all_runs], "runs": list(all_runs)},
-        "link_classes": _link_classes(pts),
-        "models": models,
-        **extra,
-        "hockney": hockney,
-        "p2p": p2p,
-        "compute": {"gemm": gemm_rates(pts[pts["op"] == "gemm"]), **copy_rate(pts[pts["op"] == "copy"])},
-        "warnings": warnings,
-    }
+    return CalibrationResult(
+        created_utc=datetime.now(timezone.utc).isoformat(), backend=str(pts["backend"].iloc[0]),
+        fit={**{k: v for k, v in asdict(opts).items() if k != "min_sizes"}, "commcal_version": _version()},
+        provenance={"run_ids": [r["run_id"] for r in all_runs], "runs": list(all_runs)},
+        link_classes=_link_classes(pts), models=models, hockney=tuple(hockney), p2p=p2p_of(models, P2P_OPS),
+        gemm=gemm_rates(pts[pts["op"] == "gemm"]), warnings=tuple(warnings), after_compute=after_models,
+        copy=copy_rate(pts[pts["op"] == "copy"]))
+
+
+def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | None = None) -> dict:
+    """fit_result as the calibration file's dict."""
+    return fit_result(runs, opts, after).to_json()

@@ -7,10 +7,10 @@ import argparse
 import sys
 
 from calib.calibration import calibration_from_dict
-from calib.fit import FitOptions, fit_calibration
+from calib.fit import FitOptions, fit_result
 from calib.points import check_pages, load_runs
-from microbench.atomic import atomic_write_json
 from microbench.errors import UsageError
+from microbench.flags import add_backend_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,38 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after-compute", action="append", default=[], metavar="RUN_DIR",
                    help="a run of `commcal sweep --after-gemm N` (repeatable): its collectives become the models that "
                         "price a collective right after a local computation, as in a training step")
-    p.add_argument("--backend", choices=("mpi", "mpi-cuda", "nccl"), help="backend to fit when runs mix several")
+    add_backend_argument(p, "backend to fit when runs mix several", default=None)
     p.add_argument("--mix-methods", action="store_true",
                    help="fit runs of different timing methods together (sweeps and imported peer logs, or two peers)")
     p.add_argument("--quiet", action="store_true", help="print warnings only")
-
-
-def _pct(x) -> str:
-    return "   -  " if x is None else f"{x:6.1%}"
-
-
-def report(cal: dict) -> str:
-    """Held-out figures per (op, link), then point-to-point and GEMM figures."""
-    lines = [f"{'op':<15}{'link':<8}{'model':<20}{'seg':>4}{'med':>8}{'p90':>8}{'med>=4K':>9}{'p90>=4K':>9}"]
-    after = cal.get("after_compute")
-    for title, models in [(None, cal["models"])] + ([(f"after compute ({after['after_gemm']}x{after['after_gemm']} "
-                                                    f"GEMM before each call):", after["models"])] if after else []):
-        if title:
-            lines.append(title)
-        for op, by_link in sorted(models.items()):
-            for link, m in sorted(by_link.items()):
-                h = m["heldout"]
-                lines.append(f"{op:<15}{link:<8}{m['algorithm']:<20}{len(m['segments']):>4}  "
-                             f"{_pct(h['median_abs_rel_err'])}  {_pct(h['p90_abs_rel_err'])}   "
-                             f"{_pct(h['median_abs_rel_err_ge_4KiB'])}   {_pct(h['p90_abs_rel_err_ge_4KiB'])}")
-    for op, by_link in sorted(cal["p2p"].items()):
-        for link, q in sorted(by_link.items()):
-            bw = q["bandwidth_bytes_per_s"]
-            lines.append(f"p2p {op} {link}: alpha {q['alpha_s'] * 1e6:.3g} us, beta {q['beta_s_per_byte']:.4g} s/B"
-                         + (f" ({bw / 1e6:.4g} MB/s)" if bw else ""))
-    for dtype, g in sorted(cal["compute"]["gemm"].items()):
-        lines.append(f"gemm {dtype}: {g['flops_per_s'] / 1e9:.4g} GFLOP/s, saturating from {g['saturation_bytes']:g} B")
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,16 +38,14 @@ def run(args: argparse.Namespace) -> int:
     after = load_runs(args.after_compute, args.backend, args.mix_methods) if args.after_compute else None
     if after is not None:
         check_pages(runs.runs + after.runs)
-    cal = fit_calibration(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments),
-                          after)
-    calibration_from_dict(cal, args.out)
-    atomic_write_json(args.out, cal)
+    cal = fit_result(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments), after)
+    calibration_from_dict(cal.to_json(), args.out)
+    cal.write(args.out)
     if not args.quiet:
-        print(report(cal))
-        extra = sum(len(v) for v in cal["after_compute"]["models"].values()) if after else 0
-        print(f"wrote {args.out}: {sum(len(v) for v in cal['models'].values())} models"
-              + (f" and {extra} after-compute models" if extra else "") + ", "
-              f"{len(cal['hockney'])} Hockney rows, {len(runs.points)} points from {len(runs.runs)} run(s)")
-    for w in cal["warnings"]:
+        print(cal.summary())
+        extra = len(cal.after_compute.models) if after else 0
+        print(f"wrote {args.out}: {len(cal.models)} models" + (f" and {extra} after-compute models" if extra else "")
+              + f", {len(cal.hockney)} Hockney rows, {len(runs.points)} points from {len(runs.runs)} run(s)")
+    for w in cal.warnings:
         print(f"WARNING: {w}", file=sys.stderr)
     return 0

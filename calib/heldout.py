@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calib.algorithms import Algorithm
+from calib.result import HeldOut as HeldOutRecord
 from calib.segments import Points, fit_piecewise
 
 SMALL_BYTES = 4096
@@ -25,10 +26,9 @@ class HeldOut:
     median_ge_4KiB: float | None
     p90_ge_4KiB: float | None
 
-    def to_json(self) -> dict:
-        return {"folds": self.folds, "n_points": self.n_points, "median_abs_rel_err": self.median,
-                "p90_abs_rel_err": self.p90, "median_abs_rel_err_ge_4KiB": self.median_ge_4KiB,
-                "p90_abs_rel_err_ge_4KiB": self.p90_ge_4KiB}
+    def result(self) -> HeldOutRecord:
+        """The calibration's record of this check."""
+        return HeldOutRecord(self.folds, self.n_points, self.median, self.p90, self.median_ge_4KiB, self.p90_ge_4KiB)
 
     def key(self) -> tuple[float, float]:
         """Sort key for choosing among candidates: lower median, then lower 90th percentile."""

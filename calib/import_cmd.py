@@ -10,7 +10,7 @@ from calib.peers import read_log
 from calib.peers.model import Job
 from calib.peers.rundir import parse_hosts, write_run
 from microbench.errors import UsageError
-from microbench.records import LINK_CLASSES
+from microbench.links import LINK_CLASSES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from microbench import records
 from microbench.errors import UsageError
+from microbench.links import LINK_CLASSES
 from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
 
@@ -68,9 +69,9 @@ def _thread_level(meta: dict) -> dict | None:
 
 
 STEAL_WARN = 0.05
-"""Above this share of CPU time taken by the hypervisor while a run measured, fit warns: on the 2-vCPU test VM,
-sweeps at 16% and 34% steal priced intra-node allgather, allreduce and reduce-scatter steps at 1.1-1.5x
-what validate then measured at 0.5-1% steal."""
+"""Above this share of CPU time taken by the hypervisor while a run measured, fit warns: a sweep whose ranks lose
+that much time to other tenants prices collectives slower than a quieter validate then measures them (the
+record: docs/results.md, "CPU steal")."""
 
 
 def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
@@ -113,7 +114,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     sizes = records.positive(pts["requested_bytes"]) & records.positive(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),
-        ("not a link class", pts["link"].isin(records.LINK_CLASSES)),
+        ("not a link class", pts["link"].isin(LINK_CLASSES)),
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
         ("a process, node or group count that is not a whole number >= 1", counts),
         ("a size that is not a positive number", sizes),

@@ -11,6 +11,7 @@ import numpy as np
 import statsmodels.api as sm
 
 from calib.algorithms import Algorithm, piecewise_terms, segment_bounds
+from calib.result import Segment
 
 TRIM = 0.25
 """Change-point search cost: squared relative residual, capped at TRIM**2 so one bad point cannot buy a segment."""
@@ -69,12 +70,11 @@ class LineFit:
     def beta_s_per_byte(self) -> float:
         return self.params[1]
 
-    def to_json(self) -> dict:
-        return {"min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
-                "alpha_s": self.params[0], "alpha_se_s": self.se[0], "alpha_ci95_s": list(self.ci95[0]),
-                "beta_s_per_byte": self.params[1], "beta_se_s_per_byte": self.se[1],
-                "beta_ci95_s_per_byte": list(self.ci95[1]), "cov_alpha_beta_s2_per_byte": self.cov_alpha_beta,
-                "rel_resid_sd": self.rel_resid_sd, "r2": self.r2, "n_points": self.n_points, "n_sizes": self.n_sizes}
+    def segment(self) -> Segment:
+        """The calibration's record of this segment."""
+        return Segment(self.min_bytes, self.max_bytes, self.params[0], self.se[0], tuple(self.ci95[0]), self.params[1],
+                       self.se[1], tuple(self.ci95[1]), self.cov_alpha_beta, self.rel_resid_sd, self.r2, self.n_points,
+                       self.n_sizes)
 
 
 def _design(alg: Algorithm, pts: Points) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Known-truth inputs: calibration dicts built from given alpha/beta (for analysis' tests) and sweep run
+"""Known-truth inputs: calibrations (calib.result) built from given alpha/beta (for analysis' tests) and sweep run
 directories in the exact microbench/records.py format sampled from known models with noise (for the fit's)."""
 
 from __future__ import annotations
@@ -13,17 +13,14 @@ import numpy as np
 import pandas as pd
 
 from calib.algorithms import CANDIDATES, P2P_OPS, algorithm
-from calib.calibration import SCHEMA, VERSION
+from calib.result import (AfterCompute, CalibrationResult, Candidate, GemmRate, HeldOut, Model, p2p_of)
+from calib.result import Segment as FitSegment
 from microbench import records
+from microbench.links import MEANING
 from microbench.atomic import atomic_write, atomic_write_json, atomic_write_text
 from microbench.ops import COMM_DTYPE, OPS, gemm_flops, itemsize
 
 DEFAULT_SIZES = tuple(2 ** k for k in range(3, 27))        # 8 B .. 64 MiB
-LINK_MEANING = {
-    "intra": "all ranks on one node",
-    "inter": "one rank per node",
-    "spread": "several ranks on each of several nodes",
-}
 
 
 @dataclass(frozen=True)
@@ -73,72 +70,56 @@ def _as_model(spec) -> TrueModel:
     return spec if isinstance(spec, TrueModel) else TrueModel.line(*spec)
 
 
-def synthetic_calibration(models: dict, links: dict[str, list[int]] | None = None,
-                          gemm: dict[str, float] | None = None, backend: str = "mpi",
-                          sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None) -> dict:
-    """A valid calibration dict. models: {(op, link): TrueModel or (alpha_s, beta_s_per_byte)};
+def synthetic_result(models: dict, links: dict[str, list[int]] | None = None,
+                     gemm: dict[str, float] | None = None, backend: str = "mpi",
+                     sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None) -> CalibrationResult:
+    """A calibration of exactly the given models. models: {(op, link): TrueModel or (alpha_s, beta_s_per_byte)};
     links: {link: [process counts measured]} (default: each model's link at p = 2, 4, 8);
     gemm: {dtype: FLOP/s}; after_compute: models as `models`, for collectives after a local computation."""
     links = links or {link: [2, 4, 8] for _, link in models}
-    out_models = _synthetic_models(models, links, sizes)
-    after = {} if not after_compute else {"after_compute": {"after_gemm": 384, "run_ids": ["synthetic-after"],
-                                                            "models": _synthetic_models(after_compute, links, sizes)}}
+    out_models = exact_models(models, links, sizes)
+    after = None if not after_compute else AfterCompute(384, ("synthetic-after",),
+                                                        exact_models(after_compute, links, sizes))
     link_classes = {}
     for link, procs in links.items():
         shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *link_shape(link, p)))) for p in sorted(procs)]
-        link_classes[link] = {"meaning": LINK_MEANING[link], "nodes": max(s["nodes"] for s in shapes),
+        link_classes[link] = {"meaning": MEANING[link], "nodes": max(s["nodes"] for s in shapes),
                               "ranks_per_node": max(s["ranks_per_node"] for s in shapes),
                               "procs": sorted(procs), "shapes": shapes}
-    return {
-        "schema": SCHEMA, "version": VERSION, "created_utc": datetime.now(timezone.utc).isoformat(),
-        "backend": backend,
-        "fit": {"method": "wls", "folds": 0, "max_segments": 1, "target_median_abs_rel_err_ge_4KiB": 0.05,
-                "target_median_abs_rel_err": 0.15, "commcal_version": "synthetic"},
-        "provenance": {"run_ids": ["synthetic"], "runs": []},
-        "link_classes": link_classes,
-        "models": out_models,
-        **after,
-        "hockney": [],
-        "p2p": {op: {link: {"alpha_s": m["alpha_s"], "alpha_ci95_s": m["alpha_ci95_s"],
-                            "beta_s_per_byte": m["beta_s_per_byte"], "beta_ci95_s_per_byte": m["beta_ci95_s_per_byte"],
-                            "bandwidth_bytes_per_s": 1.0 / m["beta_s_per_byte"] if m["beta_s_per_byte"] > 0 else None}
-                     for link, m in by_link.items()}
-                for op, by_link in out_models.items() if op in P2P_OPS},
-        "compute": {"gemm": {dt: {"flops_per_s": float(r), "peak_flops_per_s": float(r), "saturation_bytes": 0.0,
-                                  "n_points": 1} for dt, r in (gemm or {}).items()}},
-        "warnings": ["synthetic calibration, not fitted from measurements"],
-    }
+    return CalibrationResult(
+        created_utc=datetime.now(timezone.utc).isoformat(), backend=backend,
+        fit={"method": "wls", "folds": 0, "max_segments": 1, "target_median_abs_rel_err_ge_4KiB": 0.05,
+             "target_median_abs_rel_err": 0.15, "commcal_version": "synthetic"},
+        provenance={"run_ids": ["synthetic"], "runs": []}, link_classes=link_classes, models=out_models, hockney=(),
+        p2p=p2p_of(out_models, P2P_OPS), gemm={dt: GemmRate(float(r), float(r), 0.0, 1) for dt, r in (gemm or {}).items()},
+        warnings=("synthetic calibration, not fitted from measurements",), after_compute=after)
 
 
-def _synthetic_models(models: dict, links: dict[str, list[int]], sizes: tuple[int, ...]) -> dict:
-    """{op: {link: model}} of the calibration file, exactly the given models over the sizes."""
+def synthetic_calibration(models: dict, links: dict[str, list[int]] | None = None,
+                          gemm: dict[str, float] | None = None, backend: str = "mpi",
+                          sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None) -> dict:
+    """synthetic_result as a valid calibration dict."""
+    return synthetic_result(models, links, gemm, backend, sizes, after_compute).to_json()
+
+
+def exact_models(models: dict, links: dict[str, list[int]], sizes: tuple[int, ...],
+                 note: str = "synthetic model, not fitted") -> dict[tuple[str, str], Model]:
+    """{(op, link): model}, exactly the given models over the sizes, each carrying `note` as its warning."""
     lo, hi = float(min(sizes)), float(max(sizes))
-    out_models: dict = {}
+    out_models = {}
     for (op, link), spec in models.items():
         m = _as_model(spec)
         segs = []
         for i, s in enumerate(m.segments):
             seg_lo = lo if i == 0 else float(m.segments[i - 1].upto_bytes)
             seg_hi = hi if i == len(m.segments) - 1 else float(s.upto_bytes)
-            segs.append({"min_bytes": seg_lo, "max_bytes": seg_hi, "alpha_s": s.alpha_s, "alpha_se_s": 0.0,
-                         "alpha_ci95_s": [s.alpha_s, s.alpha_s], "beta_s_per_byte": s.beta_s_per_byte,
-                         "beta_se_s_per_byte": 0.0, "beta_ci95_s_per_byte": [s.beta_s_per_byte] * 2,
-                         "cov_alpha_beta_s2_per_byte": 0.0, "rel_resid_sd": 0.0, "r2": 1.0,
-                         "n_points": 2, "n_sizes": 2})
+            segs.append(FitSegment(seg_lo, seg_hi, s.alpha_s, 0.0, (s.alpha_s, s.alpha_s), s.beta_s_per_byte, 0.0,
+                                   (s.beta_s_per_byte,) * 2, 0.0, 0.0, 1.0, 2, 2))
         alg = m.algorithm_for(op)
-        out_models.setdefault(op, {})[link] = {
-            "algorithm": alg, "algorithm_description": algorithm(alg).description,
-            "procs_measured": sorted(links[link]) if op not in P2P_OPS else [2],
-            "identifiable": True, "fit_method": "wls",
-            "alpha_s": segs[0]["alpha_s"], "alpha_ci95_s": segs[0]["alpha_ci95_s"],
-            "beta_s_per_byte": segs[-1]["beta_s_per_byte"], "beta_ci95_s_per_byte": segs[-1]["beta_ci95_s_per_byte"],
-            "segments": segs,
-            "candidates": [{"algorithm": alg, "heldout_median_abs_rel_err": 0.0, "heldout_p90_abs_rel_err": 0.0,
-                            "n_segments": len(segs)}],
-            "heldout": {"folds": 0, "n_points": 0, "median_abs_rel_err": None, "p90_abs_rel_err": None,
-                        "median_abs_rel_err_ge_4KiB": None, "p90_abs_rel_err_ge_4KiB": None},
-            "warnings": ["synthetic model, not fitted"],
-        }
+        out_models[(op, link)] = Model.build(
+            alg, algorithm(alg).description, sorted(links[link]) if op not in P2P_OPS else [2], True, "wls", segs,
+            [Candidate(alg, 0.0, 0.0, len(segs))], HeldOut(0, 0, None, None, None, None),
+            [note])
     return out_models
 
 

@@ -44,8 +44,9 @@ class MpiBackend:
     def devices(self, world) -> list[dict]:
         return []
 
-    def gemm_dtypes(self) -> tuple[str, ...]:
-        return ("float32", "float64")
+    def dtypes(self, op) -> tuple[str, ...]:
+        """The element types `op` (a local operation of the op table) is measured in with these buffers."""
+        return op.dtypes
 
 
 def _import_cupy(backend: str):
@@ -127,10 +128,11 @@ class CudaMpiBackend(MpiBackend):
             out["nccl"] = "unavailable"
         return out
 
-    def gemm_dtypes(self) -> tuple[str, ...]:
-        """float32, float16 and bfloat16, each where cupy can multiply it on this device."""
+    def dtypes(self, op) -> tuple[str, ...]:
+        """The op's device element types (its host ones where it names none), each where cupy can multiply it on
+        this device."""
         usable = []
-        for dtype in GPU_GEMM_DTYPES:
+        for dtype in op.device_dtypes or op.dtypes:
             try:
                 a = self.cupy.ones((2, 2), dtype=numpy_dtype(dtype))
                 (a @ a).get()
@@ -261,7 +263,6 @@ class NcclTimer:
 
 
 BACKENDS = {"mpi": MpiBackend, "mpi-cuda": CudaMpiBackend, "nccl": NcclBackend}
-GPU_GEMM_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def backend_for(name: str, world, hosts: list[str]):

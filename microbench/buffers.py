@@ -26,8 +26,8 @@ HEAP_BLOCK_LIMIT = 32 << 20
 def keep_freed_memory() -> bool:
     """Have glibc's malloc serve blocks up to 32 MiB from its heap and keep what is freed there, as a framework's
     caching allocator does: a computation's new array then reuses pages already mapped instead of faulting in
-    fresh ones (about 10 µs per 4 KiB page on a VM, 2.5 ms per MiB, a cost the sweep's long-lived buffers never
-    pay). False where the C library has no mallopt or refuses."""
+    fresh ones (a cost per page that the sweep's long-lived buffers never pay; docs/results.md, "Page faults and the
+    allocator"). False where the C library has no mallopt or refuses."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

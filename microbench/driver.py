@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from microbench import cloop, methods
 from microbench.buffers import Pool, Slots, address, page_aligned
-from microbench.ops import Layout, Op, gemm_flops, gemm_wrong, numpy_dtype
+from microbench.ops import Layout, Op
 from microbench.stats import Estimate, StopRule, estimate, sample_until_done
 
 MPI_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.CHAR, "uint8": MPI.BYTE,
@@ -250,8 +250,9 @@ def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: S
     """Time `run(i)` (the i-th iteration of one local operation) until the rule says done. With `ctrl`, every
     rank of it runs at once (as training does), each iteration starting after a barrier as a collective's call
     and each of validate's steps do, iteration times are the max over them, and `wrong` (this rank's wrong
-    elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations pairs calls made at
-    different times: on 4 ranks sharing 2 vCPUs it priced a 4 MiB copy at 4.9-5.1 ms against 1.3 ms in step."""
+    elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations would pair calls made
+    at different times, which on ranks that share cores prices a local operation several times slower than in step
+    (docs/results.md, "GEMM and copy on every rank at once")."""
     turn = 0
 
     def batch(iters: int) -> tuple[np.ndarray, float]:
@@ -277,74 +278,12 @@ def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: S
     return Measurement(samples, est, wrong, flops)
 
 
-def _operand(xp: Any, n: int, dtype: str, rng: np.random.Generator):
-    return xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
-
-
-def _slots(pool: Pool | None, send: Any, recv: Any) -> Slots:
-    return pool.slots(send, recv) if pool is not None else Slots(send, recv)
-
-
-def measure_gemm(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None,
-                 pool: Pool | None = None) -> Measurement:
-    """Local n x n matrix-multiply rate on this rank, on standard-normal operands: low-entropy data such as
-    zeros or small integers runs faster on tensor cores than real data does. Sampled entries are checked
-    against a float64 product of the same (rounded) operands. With a `pool`, iterations rotate through cold
-    copies of the operands and product, as for collectives."""
-    n, xp = lay.block, backend.xp
-    rng = np.random.default_rng(0)
-    ab = xp.stack([_operand(xp, n, dtype, rng), _operand(xp, n, dtype, rng)])
-    slots = _slots(pool, ab, xp.zeros((n, n), dtype=ab.dtype))
-
-    def product(i: int) -> None:
-        operands, c = slots.pair(i)
-        xp.matmul(operands[0], operands[1], out=c)
-
-    product(0)
+def measure_local(op: Op, lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None,
+                  pool: Pool | None = None) -> Measurement:
+    """Measure one operation on this rank's memory (one with a kernel in the op table) at one layout, its result
+    checked after a first untimed iteration. With a `pool`, iterations rotate through cold copies of its operands
+    and results, as for collectives."""
+    kernel = op.local(backend.xp, lay, dtype, lambda a, b: pool.slots(a, b) if pool is not None else Slots(a, b))
+    kernel.run(0)
     backend.sync()
-    rows = rng.integers(0, n, 16)
-    cols = rng.integers(0, n, 16)
-    a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (ab[0], ab[1], slots.pair(0)[1]))
-    wrong = gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
-    return _measure_local(product, backend.sync, rule, ctrl, wrong, gemm_flops(n))
-
-
-def measure_copy(lay: Layout, dtype: str, rule: StopRule, backend: Any, ctrl: MPI.Comm | None = None,
-                 pool: Pool | None = None) -> Measurement:
-    """Local copy bandwidth: an n x n operand into its two column halves, the copy that the validation harness
-    makes around a collective whose split is not the outer dimension. With a `pool`, iterations rotate through
-    cold copies of source and destination, since the harness's copies find theirs out of cache (here a 256 KiB
-    to 1 MiB operand's copy takes 2.7-3.1x as long cold as back to back)."""
-    n, xp = lay.block, backend.xp
-    src = _operand(xp, n, dtype, np.random.default_rng(0))
-    slots = _slots(pool, src, xp.zeros((2, n, n // 2), dtype=src.dtype))
-
-    def halves(i: int) -> None:
-        s, d = slots.pair(i)
-        xp.copyto(d, xp.moveaxis(s.reshape(n, 2, n // 2), 1, 0))
-
-    halves(0)
-    got, want = _host(slots.pair(0)[1]), _host(src)
-    wrong = int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
-    return _measure_local(halves, backend.sync, rule, ctrl, wrong)
-
-
-def compute_phase(backend: Any, n: int) -> Callable[[], None]:
-    """An n x n float32 GEMM on this rank's device, finished when it returns: the compute that precedes each
-    collective of a training step (sweep --after-gemm)."""
-    xp = backend.xp
-    rng = np.random.default_rng(1)
-    a, b = _operand(xp, n, "float32", rng), _operand(xp, n, "float32", rng)
-    c = xp.empty_like(a)
-
-    def run() -> None:
-        xp.matmul(a, b, out=c)
-        backend.sync()
-    return run
-
-
-MEASURE_LOCAL = {"gemm": measure_gemm, "copy": measure_copy}
-
-
-def _host(arr: Any) -> np.ndarray:
-    return arr.get() if hasattr(arr, "get") else arr
+    return _measure_local(kernel.run, backend.sync, rule, ctrl, kernel.check(), kernel.flops)

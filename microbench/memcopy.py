@@ -1,9 +1,9 @@
 """Host memcpy's speed by where the destination starts relative to the source, modulo 4 KiB.
 
 Every host-side copy of a collective (shared-memory transport, a rank's own block) and every layout copy goes
-through the C library's memcpy. Where it uses REP MOVSB (glibc 2.36 on the AMD EPYC we run on, for copies of
-2 KiB to about 1 MiB), a destination that starts a few bytes past its source modulo 4 KiB makes the copy many
-times slower (4K aliasing: 1.9-2.9 GB/s against 18-35 GB/s at 128 KiB here). numpy places arrays allocated one
+through the C library's memcpy. Where it uses REP MOVSB (glibc 2.36 does on some x86 hosts for copies of 2 KiB
+to about 1 MiB), a destination that starts a few bytes past its source modulo 4 KiB makes the copy many times
+slower (4K aliasing; the figures: docs/results.md, "memcpy placement"). numpy places arrays allocated one
 after another 16 bytes apart modulo 4 KiB, so a program's collectives pay it by chance of buffer placement,
 not by size: timings then depend on where the allocator put things. glibc's x86_rep_movsb_threshold tunable
 (TUNABLE) moves such copies to vector loops. sweep and validate record the slowdown and warn where it is large.

@@ -1,5 +1,6 @@
 """The registry: one definition per measured operation (size semantics, bus-bandwidth factor,
-buffer blocks, expected result, how to call it). The driver owns all timing; nothing here times.
+buffer blocks, expected result, how to call it; for an operation on one rank's memory, its kernel and
+check; the element types it is measured in). The driver owns all timing; nothing here times.
 
 Pure at import: mpi4py is imported only when an operation is called, so calib and analysis may
 read bus factors. Buffers come from an array module `xp` (numpy, or cupy for GPU backends).
@@ -47,6 +48,19 @@ def _alltoall_send(xp: Any, rank: int, count: int, block: int, procs: int, dtype
     return (pattern(xp, rank, count, dtype) + 8 * xp.repeat(xp.arange(procs), block)).astype(dtype)
 
 
+COMM_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class Local:
+    """One local operation set up on its operands: `run(i)` is its i-th iteration (slot i of the buffers),
+    `check()` the wrong elements of iteration 0's result (after it ran and the device synchronised)."""
+
+    run: Callable[[int], None]
+    check: Callable[[], int]
+    flops: float = 0.0
+
+
 @dataclass(frozen=True)
 class Op:
     name: str
@@ -62,6 +76,9 @@ class Op:
     send: Callable[..., Any] = lambda xp, rank, count, block, procs, dtype: pattern(xp, rank, count, dtype)
     in_place: Callable[..., tuple] | None = None  # (send, recv, rank, block) -> in-place (send, recv) views
     time_scale: float = 1.0                     # reported time = one call's time * this (pingpong: half the round trip)
+    local: Callable[..., Local] | None = None   # compute: local(xp, lay, dtype, slots) -> Local; slots(a, b) -> Slots
+    dtypes: tuple[str, ...] = (COMM_DTYPE,)     # element types measured with host buffers
+    device_dtypes: tuple[str, ...] | None = None  # those tried on a GPU backend (None: dtypes)
 
     def layout(self, requested_bytes: int, procs: int, itemsize: int) -> Layout:
         """Round the element count so every rank's block is whole (at least one element per block); a local
@@ -117,6 +134,67 @@ def _copy_into(dst, src):
     return dst
 
 
+def _host(arr: Any) -> np.ndarray:
+    return arr.get() if hasattr(arr, "get") else arr
+
+
+def _operand(xp: Any, n: int, dtype: str, rng: np.random.Generator):
+    return xp.asarray(rng.standard_normal((n, n)).astype(numpy_dtype(dtype)))
+
+
+def _gemm(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) -> Local:
+    """Local n x n matrix multiply on standard-normal operands: low-entropy data such as zeros or small integers
+    runs faster on tensor cores than real data does. Sampled entries are checked against a float64 product of the
+    same (rounded) operands. Iterations take their operands and product from `slots` (cold copies, or one pair)."""
+    n = lay.block
+    rng = np.random.default_rng(0)
+    ab = xp.stack([_operand(xp, n, dtype, rng), _operand(xp, n, dtype, rng)])
+    pairs = slots(ab, xp.zeros((n, n), dtype=ab.dtype))
+
+    def product(i: int) -> None:
+        operands, c = pairs.pair(i)
+        xp.matmul(operands[0], operands[1], out=c)
+
+    def check() -> int:
+        rows, cols = rng.integers(0, n, 16), rng.integers(0, n, 16)
+        a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (ab[0], ab[1], pairs.pair(0)[1]))
+        return gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
+    return Local(product, check, gemm_flops(n))
+
+
+def _copy(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) -> Local:
+    """Local copy of an n x n operand into its two column halves, the copy that the validation harness makes
+    around a collective whose split is not the outer dimension. With cold `slots`, iterations find source and
+    destination out of cache, as the harness's copies find theirs (a cold copy takes several times as long as one
+    back to back: docs/results.md, "Cold and warm buffers")."""
+    n = lay.block
+    src = _operand(xp, n, dtype, np.random.default_rng(0))
+    pairs = slots(src, xp.zeros((2, n, n // 2), dtype=src.dtype))
+
+    def halves(i: int) -> None:
+        s, d = pairs.pair(i)
+        xp.copyto(d, xp.moveaxis(s.reshape(n, 2, n // 2), 1, 0))
+
+    def check() -> int:
+        got, want = _host(pairs.pair(0)[1]), _host(src)
+        return int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
+    return Local(halves, check)
+
+
+def compute_phase(backend: Any, n: int) -> Callable[[], None]:
+    """An n x n float32 GEMM on this rank's device, finished when it returns: the compute that precedes each
+    collective of a training step (sweep --after-gemm)."""
+    xp = backend.xp
+    rng = np.random.default_rng(1)
+    a, b = _operand(xp, n, "float32", rng), _operand(xp, n, "float32", rng)
+    c = xp.empty_like(a)
+
+    def run() -> None:
+        xp.matmul(a, b, out=c)
+        backend.sync()
+    return run
+
+
 def _ring(p: int) -> float:
     return (p - 1) / p
 
@@ -157,17 +235,14 @@ OPS: dict[str, Op] = {op.name: op for op in (
        expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=6, time_scale=0.5),
     Op("sendrecv", "p2p", "message in each direction, both ranks at once", _one, call=_sendrecv,
        expected=lambda xp, lay, dt, rank, p: pattern(xp, 1 - rank, lay.send_count, dt), c_code=7),
-    Op("gemm", "compute", "one square operand (n x n); rate = 2 n^3 / time", _one),
+    Op("gemm", "compute", "one square operand (n x n); rate = 2 n^3 / time", _one, local=_gemm,
+       dtypes=("float32", "float64"), device_dtypes=("float32", "float16", "bfloat16")),
     Op("copy", "compute", "one square operand (n x n) copied into its two column halves, the layout change around "
-       "a collective; busbw = bytes read + written / time", lambda p: 2.0),
+       "a collective; busbw = bytes read + written / time", lambda p: 2.0, local=_copy),
 )}
 
 LOCAL_OPS = tuple(name for name, op in OPS.items() if op.kind == "compute")
 """Operations on one rank's memory (no link class): the calibration's compute section, not its models."""
-
-COMM_DTYPE = "float32"
-GEMM_DTYPES = ("float32", "float64")
-
 
 def parse_ops(text: str | None) -> list[Op]:
     """'allreduce,pingpong' -> their definitions, in registry order; None -> all."""

@@ -32,9 +32,6 @@ from microbench.errors import UsageError
 RUN_SCHEMA = "commcal.run"
 RUN_SCHEMA_VERSION = 1
 
-LINK_CLASSES = ("intra", "inter", "spread")
-"""intra: all ranks on one node; inter: one rank per node; spread: the job's own layout, several
-ranks on each of several nodes."""
 
 
 @dataclass(frozen=True)

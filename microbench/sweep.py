@@ -14,7 +14,7 @@ from mpi4py import MPI
 from microbench import driver, methods
 from microbench.buffers import POOL_BYTES, Pool
 from microbench.errors import UsageError
-from microbench.ops import COMM_DTYPE, GEMM_DTYPES, Layout, Op, itemsize
+from microbench.ops import COMM_DTYPE, Layout, Op, compute_phase, itemsize
 from microbench.records import PointKey, PointSummary
 from microbench.sizes import format_size
 from microbench.stats import StopRule, pooled_estimate, round_spread
@@ -30,7 +30,7 @@ class SweepConfig:
     rule: StopRule
     backend: str = "mpi"
     gemm_sizes: tuple[int, ...] = ()
-    gemm_dtypes: tuple[str, ...] = GEMM_DTYPES
+    dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)   # local op -> element types (default: its own)
     in_place: bool = False
     retries: int = 1
     concurrent: bool = False
@@ -66,7 +66,7 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
             group = Group("intra", 1, 1, 1, (0,))
             together = tiles("intra", 1, hosts) if cfg.concurrent else (group,)
             per_node = groups_per_node(together, hosts)
-            for dtype in (cfg.gemm_dtypes if op.name == "gemm" else (COMM_DTYPE,)):
+            for dtype in cfg.dtypes.get(op.name, op.dtypes):
                 for size in cfg.gemm_sizes or cfg.sizes:
                     lay = op.layout(size, 1, itemsize(dtype))
                     key = PointKey(cfg.backend, op.name, "intra", 1, size, dtype, len(together))
@@ -117,7 +117,7 @@ def check_memory(points: list[PlannedPoint], per_rank_bytes: int, cache: str = "
 class Pooled:
     """One point's visits so far (rank 0 reads them back from the run directory; the whole sweep's samples need
     not fit in memory): every sample, the round it was taken in, wrong elements.
-    A point's median comes from several passes over the sweep because this machine's speed drifts over
+    A point's median comes from several passes over the sweep because a shared machine's speed drifts over
     seconds: one contiguous window gives a tight CI around a median that another window does not reproduce."""
 
     samples: np.ndarray = field(default_factory=lambda: np.empty(0))
@@ -206,7 +206,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             comms[k] = _split(world, pt.groups)
     rule = cfg.rule.visit(cfg.rounds)
     pool = Pool(backend.xp) if cfg.cache == "cold" else None
-    before = driver.compute_phase(backend, cfg.after_gemm) if cfg.after_gemm else None
+    before = compute_phase(backend, cfg.after_gemm) if cfg.after_gemm else None
     progress = None
     if world.rank == 0:
         skipped = sum(min(done.get(pt.key.point_id, 0), cfg.rounds) for pt in points)
@@ -221,7 +221,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
         if comm != MPI.COMM_NULL:
             if pt.op.kind == "compute":
                 together = ctrl if len(pt.groups) > 1 else None
-                m = driver.MEASURE_LOCAL[pt.op.name](pt.layout, pt.key.dtype, rule, backend, together, pool)
+                m = driver.measure_local(pt.op, pt.layout, pt.key.dtype, rule, backend, together, pool)
             elif cfg.method != "commcal":
                 m = driver.measure_peer(pt.op, comm, pt.layout, pt.key.dtype, rule, timer, backend,
                                         methods.method_for(cfg.method), checks)

@@ -7,9 +7,10 @@ import os
 import sys
 
 from microbench import records
-from microbench.backends import BACKENDS, backend_for
+from microbench.backends import backend_for
 from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
+from microbench.flags import Presets, add_backend_argument, add_quick_argument, add_stop_arguments
 from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
@@ -17,35 +18,33 @@ from microbench.stats import StopRule
 from microbench.threads import LEVELS, choose, record
 from microbench.topology import parse_links, parse_procs
 
-QUICK = dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", target_ci=0.05, point_budget=0.25, min_samples=10,
-             gemm_sizes="64K,1M")
+PRESETS = Presets(
+    defaults=dict(sizes="8:64M", gemm_sizes="64K,1M,16M", target_ci=0.02, min_samples=10, point_budget=1.0, rounds=3),
+    quick=dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", gemm_sizes="64K,1M", target_ci=0.05, point_budget=0.25))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run directory (created; see --resume)")
-    p.add_argument("--ops", help="comma-separated subset of: allreduce, allgather, reduce_scatter, alltoall, "
-                                 "bcast, reduce, pingpong, sendrecv, gemm, copy (default: all)")
-    p.add_argument("--sizes", help="LOW:HIGH (powers of two, K/M/G suffixes) or a list 8,1K,3M (default 8:64M)")
-    p.add_argument("--gemm-sizes", help="operand sizes for gemm and copy (default: 64K,1M,16M)")
+    p.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)} (default: all)")
+    p.add_argument("--sizes", help="LOW:HIGH (powers of two, K/M/G suffixes) or a list 8,1K,3M "
+                                   f"({PRESETS.say('sizes')})")
+    p.add_argument("--gemm-sizes", help=f"operand sizes for gemm and copy ({PRESETS.say('gemm_sizes')})")
     p.add_argument("--procs", help="process counts, e.g. 2,4,8 (default: powers of two up to the world, and the world)")
     p.add_argument("--links", help="link classes to measure: intra, inter, spread (default: all the job can form)")
-    p.add_argument("--target-ci", type=float, help="stop when the median's 95%% CI is within +-this (default 0.02)")
-    p.add_argument("--min-samples", type=int, help="timed iterations before the CI may stop a point (default 10)")
-    p.add_argument("--point-budget", type=float, help="seconds per point before giving up on the CI target (default 1.0)")
+    add_stop_arguments(p, PRESETS, "a point", "visit every point this many times, in passes over the whole sweep, "
+                       "each with its share of the point budget, and pool the samples: one contiguous window on a "
+                       "shared machine gives a median that another window does not reproduce")
+    p.add_argument("--point-budget", type=float,
+                   help=f"seconds per point before giving up on the CI target ({PRESETS.say('point_budget')})")
     p.add_argument("--retries", type=int, default=1,
                    help="measure points whose CI missed the target again at the end of the sweep, up to this many "
                         "times, pooling each extra visit with the others (default 1; 0 turns it off)")
-    p.add_argument("--rounds", type=int,
-                   help="visit every point this many times, in passes over the whole sweep, each with its share of "
-                        "the point budget, and pool the samples (default 3): one contiguous window on a shared "
-                        "machine gives a median that another window does not reproduce")
     p.add_argument("--concurrent", action="store_true",
                    help="measure every disjoint group of a shape at once (as all groups of a mesh axis run in "
                         "training) instead of one group while the other ranks wait")
-    p.add_argument("--quick", action="store_true", help="a preset that finishes in under a minute on 2 local ranks")
+    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
-    p.add_argument("--backend", choices=tuple(BACKENDS), default="mpi",
-                   help="mpi: host buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL")
+    add_backend_argument(p)
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
                    help="timing loop: compiled (built with mpicc) or Python; auto prefers compiled")
     p.add_argument("--page-policy", choices=PAGE_POLICIES, default="nohugepage",
@@ -65,30 +64,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the work needs: single; funneled for the GPU backends)")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle milliseconds before each timed call's barrier (default 0: back to back). In training a "
-                        "collective follows compute; on a machine whose collectives run slower after a pause (3 ms "
-                        "made 256 KiB-2 MiB calls 2-6x slower on the 2-vCPU test VM), a gap measures them after "
-                        "such a pause (opt-in: it did not improve validate's ranking there)")
+                        "collective follows compute; on a machine whose collectives run slower after a pause, a gap "
+                        "measures them after such a pause (opt-in; see docs/results.md for what it did to "
+                        "validate's ranking)")
     p.add_argument("--after-gemm", type=int, default=0, metavar="N",
                    help="before each timed collective, every rank measured at once runs an N x N float32 GEMM "
                         "between two barriers, as collectives follow compute in a training step (default 0: "
-                        "back to back; gemm and copy points are unaffected; opt-in: it did not improve validate's "
-                        "ranking on the 2-vCPU test VM)")
+                        "back to back; gemm and copy points are unaffected; opt-in; see docs/results.md for what it "
+                        "did to validate's ranking)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
 
 
-def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[str, ...]):
+def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tuple[str, ...]]):
     """The sweep configuration from arguments (quick preset first, explicit flags override it)."""
     from microbench.sweep import SweepConfig
 
-    preset = QUICK if args.quick else {}
-    def pick(name: str, default):
-        value = getattr(args, name)
-        return value if value is not None else preset.get(name, default)
+    def pick(name: str):
+        return PRESETS.pick(args, name)
 
-    rule = StopRule(target_ci=pick("target_ci", 0.02), min_samples=pick("min_samples", 10),
-                    budget_s=pick("point_budget", 1.0))
+    rule = StopRule(target_ci=pick("target_ci"), min_samples=pick("min_samples"), budget_s=pick("point_budget"))
     if not 0 < rule.target_ci < 1:
         raise UsageError(f"--target-ci must be between 0 and 1, not {rule.target_ci}")
     if rule.budget_s <= 0:
@@ -101,16 +97,16 @@ def build_config(args: argparse.Namespace, world_size: int, gemm_dtypes: tuple[s
         raise UsageError(f"--gap-ms must be between 0 and 1000, not {args.gap_ms:g}")
     if not 0 <= args.after_gemm <= 8192:
         raise UsageError(f"--after-gemm must be between 0 and 8192, not {args.after_gemm}")
-    rounds = pick("rounds", 3)
+    rounds = pick("rounds")
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
     ops, cache = reference_ops(args)
-    return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes", "8:64M"))),
+    return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes"))),
                        procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
-                       rule=rule, backend=args.backend, in_place=args.in_place, gemm_dtypes=gemm_dtypes, retries=args.retries,
+                       rule=rule, backend=args.backend, in_place=args.in_place, dtypes=dtypes, retries=args.retries,
                        concurrent=args.concurrent, rounds=rounds, cache=cache, gap_ms=args.gap_ms,
                        after_gemm=args.after_gemm,
-                       gemm_sizes=tuple(parse_sizes(pick("gemm_sizes", "64K,1M,16M"))))
+                       gemm_sizes=tuple(parse_sizes(pick("gemm_sizes"))))
 
 
 def reference_ops(args: argparse.Namespace) -> tuple[tuple, str]:
@@ -179,10 +175,10 @@ def run(args: argparse.Namespace) -> int:
     check_world(world.size, args.expect_world)
     if args.in_place and args.backend != "nccl":
         raise UsageError("--in-place applies to --backend nccl")
-    build_config(args, world.size, ())             # reject bad arguments before touching a device
+    build_config(args, world.size, {})             # reject bad arguments before touching a device
     hosts = world.allgather(MPI.Get_processor_name())
     backend = backend_for(args.backend, world, hosts)
-    cfg = build_config(args, world.size, backend.gemm_dtypes())
+    cfg = build_config(args, world.size, {op.name: backend.dtypes(op) for op in parse_ops(args.ops) if op.local})
     points = sweep.plan(cfg, hosts)
     if not points:
         raise UsageError("nothing to measure: no link class in --links can be formed with these process counts")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from microbench.errors import UsageError
-from microbench.records import LINK_CLASSES
+from microbench.links import LINK_CLASSES
 
 
 @dataclass(frozen=True)

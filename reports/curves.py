@@ -62,7 +62,7 @@ def _rate(key: dict, sizes, seconds) -> np.ndarray:
 
 def segment_ranges(cal, op: str, link: str) -> list[tuple[float, float]]:
     """The measured size range each piece of the (op, link) model was fitted on, from the calibration file."""
-    return [(s["min_bytes"], s["max_bytes"]) for s in cal.data["models"][op][link]["segments"]]
+    return [(s.min_bytes, s.max_bytes) for s in cal.result.models[(op, link)].segments]
 
 
 def _draw_segments(axes, ranges: list[tuple[float, float]]) -> None:
@@ -123,10 +123,10 @@ def measured_figure(runs: RunSet, op: str, link: str, cal=None):
     log_values(ax_b.yaxis)
     ax_b.set_ylabel(GFLOPS_LABEL if flops else BUSBW_LABEL)
     ax_b.set_title("Compute rate" if flops else "Bus bandwidth")
-    rates = cal.data["compute"]["gemm"] if cal is not None and flops else {}
+    rates = cal.result.gemm if cal is not None and flops else {}
     for i, (key, _) in enumerate(curves):
         if key["dtype"] in rates:
-            ax_b.axhline(rates[key["dtype"]]["flops_per_s"] / GB, color=COLORS[i % len(COLORS)], linewidth=1.4,
+            ax_b.axhline(rates[key["dtype"]].flops_per_s / GB, color=COLORS[i % len(COLORS)], linewidth=1.4,
                          linestyle=":", label=f"calibrated rate, {key['dtype']}")
     handles, labels = ax_b.get_legend_handles_labels()
     if modelled:

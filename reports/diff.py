@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calib.calibration import model_sets, set_suffix
+from calib.result import CalibrationResult, Model
 from reports.document import Table
 from reports.plotting import COLORS, GB, US, new_figure
 
@@ -52,38 +52,32 @@ def _bandwidth(beta: float) -> float:
     return 1 / beta / GB if beta > 0 else float("inf")
 
 
-def _model_params(m: dict) -> dict[str, tuple]:
-    lo, hi = m["beta_ci95_s_per_byte"]
-    return {"alpha (µs)": (m["alpha_s"] * US, (m["alpha_ci95_s"][0] * US, m["alpha_ci95_s"][1] * US)),
-            "bandwidth 1/beta (GB/s)": (_bandwidth(m["beta_s_per_byte"]), (_bandwidth(hi), _bandwidth(lo))),
-            "algorithm": (m["algorithm"], None)}
+def _model_params(m: Model) -> dict[str, tuple]:
+    lo, hi = m.beta_ci95_s_per_byte
+    return {"alpha (µs)": (m.alpha_s * US, (m.alpha_ci95_s[0] * US, m.alpha_ci95_s[1] * US)),
+            "bandwidth 1/beta (GB/s)": (_bandwidth(m.beta_s_per_byte), (_bandwidth(hi), _bandwidth(lo))),
+            "algorithm": (m.algorithm, None)}
 
 
-def _by_suffix(data: dict) -> dict[str, dict]:
-    """{subject suffix: {op: {link: model}}}: the main models, and the after-compute ones where the file has them."""
-    return {set_suffix(key): models for key, models in model_sets(data)}
-
-
-def changes(a: dict, b: dict) -> list[Change]:
-    """Every compared parameter: models in A's order then those new in B (the main models, then the after-compute
-    ones), then GEMM rates."""
+def changes(a, b) -> list[Change]:
+    """Every compared parameter of calibrations A and B (results, or calibration dicts): models in A's order then
+    those new in B (the main models, then the after-compute ones), then GEMM rates."""
+    a, b = CalibrationResult.of(a), CalibrationResult.of(b)
     out = []
-    sets_a, sets_b = _by_suffix(a), _by_suffix(b)
+    sets_a, sets_b = dict(a.model_sets()), dict(b.model_sets())
     for suffix in dict.fromkeys([*sets_a, *sets_b]):
         ms_a, ms_b = sets_a.get(suffix, {}), sets_b.get(suffix, {})
-        keys = dict.fromkeys([(op, link) for ms in (ms_a, ms_b) for op, by in ms.items() for link in by])
-        for op, link in keys:
-            ma, mb = ms_a.get(op, {}).get(link), ms_b.get(op, {}).get(link)
+        for op, link in dict.fromkeys([*ms_a, *ms_b]):
+            ma, mb = ms_a.get((op, link)), ms_b.get((op, link))
             pa = _model_params(ma) if ma else {}
             pb = _model_params(mb) if mb else {}
             for name in ("alpha (µs)", "bandwidth 1/beta (GB/s)", "algorithm"):
                 va, ca = pa.get(name, (None, None))
                 vb, cb = pb.get(name, (None, None))
                 out.append(Change(f"{op}/{link}{suffix}", name, va, vb, ca, cb))
-    for dtype in dict.fromkeys([*a["compute"]["gemm"], *b["compute"]["gemm"]]):
-        ga, gb = a["compute"]["gemm"].get(dtype), b["compute"]["gemm"].get(dtype)
-        out.append(Change(f"gemm/{dtype}", "rate (GFLOP/s)", ga and ga["flops_per_s"] / GB,
-                          gb and gb["flops_per_s"] / GB))
+    for dtype in dict.fromkeys([*a.gemm, *b.gemm]):
+        ga, gb = a.gemm.get(dtype), b.gemm.get(dtype)
+        out.append(Change(f"gemm/{dtype}", "rate (GFLOP/s)", ga and ga.flops_per_s / GB, gb and gb.flops_per_s / GB))
     return out
 
 

@@ -28,20 +28,16 @@ def _text_table(table) -> str:
     return "\n".join([line(table.columns), line(["-" * w for w in widths]), *map(line, table.rows)])
 
 
-def _machines(data: dict) -> set[str]:
-    return {r["machine"] for r in data["provenance"]["runs"]}
-
-
 def document(cal_a, cal_b, items: list[diff.Change], out: Path) -> Document:
-    a, b = cal_a.data, cal_b.data
+    a, b = cal_a.result, cal_b.result
     changed = [c for c in items if c.significant]
-    blocks = [Text(f"A: {cal_a.path} (created {a['created_utc']}); B: {cal_b.path} (created {b['created_utc']})."),
+    blocks = [Text(f"A: {cal_a.path} (created {a.created_utc}); B: {cal_b.path} (created {b.created_utc})."),
               Note(f"{len(changed)} of {len(items)} parameters changed beyond their 95% CIs: "
                    + ", ".join(f"{c.subject} {c.parameter}" for c in changed), "warning") if changed
               else Note("No parameter changed beyond its 95% CIs.")]
-    if _machines(a) != _machines(b):
-        blocks.append(Note(f"A was measured on {sorted(_machines(a)) or 'unknown'}, B on "
-                           f"{sorted(_machines(b)) or 'unknown'}: not the same machine.", "warning"))
+    if a.machines() != b.machines():
+        blocks.append(Note(f"A was measured on {sorted(a.machines()) or 'unknown'}, B on "
+                           f"{sorted(b.machines()) or 'unknown'}: not the same machine.", "warning"))
     blocks += [diff.table(items),
                save_figure(diff.figure(items), out, "diff", "Relative change per parameter",
                            "Relative change of each model's alpha and bandwidth (and GEMM rate) from A to B; red bars "
@@ -55,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if cal_a.backend != cal_b.backend:
         raise UsageError(f"cannot compare backend {cal_a.backend!r} ({args.cal_a}) with {cal_b.backend!r} "
                          f"({args.cal_b})")
-    items = diff.changes(cal_a.data, cal_b.data)
+    items = diff.changes(cal_a.result, cal_b.result)
     print(_text_table(diff.table(items)))
     changed = sum(c.significant for c in items)
     print(f"\n{changed} of {len(items)} parameters changed beyond their 95% CIs")

@@ -10,8 +10,8 @@ import pandas as pd
 
 from microbench.errors import UsageError
 from microbench.ops import OPS, known_dtype
-from microbench.records import (LINK_CLASSES, as_numbers, load_summary, points_note, positive, read_run_json, screen,
-                                whole)
+from microbench.links import LINK_CLASSES
+from microbench.records import as_numbers, load_summary, points_note, positive, read_run_json, screen, whole
 
 NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
 CI = ("ci_low_s", "ci_high_s")

@@ -329,7 +329,7 @@ def test_layout_copies_are_the_ones_the_harness_makes_and_are_priced_where_it_me
 @pytest.mark.parametrize("ids", [[3, 1, 3, 3, 0, 1], [2, 2, 2, 2], [4, 0, 1], []])
 def test_scatter_add_sums_repeated_ids_like_ufunc_at(ids):
     """The harness's level-wise scatter-add equals np.add.at: repeats summed, untouched rows kept."""
-    from analysis.harness_exec import scatter_add
+    from analysis.kernels import scatter_add
     ids = np.array(ids, dtype=np.int64)
     rows = np.arange(len(ids) * 3, dtype=np.float64).reshape(-1, 3) + 1
     got = np.full((5, 3), 0.5)

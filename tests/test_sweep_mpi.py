@@ -152,7 +152,7 @@ LOCAL_ROTATION = textwrap.dedent("""
         pool = Recording(np, 12 * 3 * n * n * 4)
         lay = OPS[name].layout(n * n * 4, 1, 4)
         rule = StopRule(target_ci=0.0, min_samples=30, budget_s=0.0)
-        m = driver.MEASURE_LOCAL[name](lay, "float32", rule, backend, world, pool)
+        m = driver.measure_local(OPS[name], lay, "float32", rule, backend, world, pool)
         slots = pool.last
         src = slots.pair(0)[0]
         want = np.stack([src[:, :n // 2], src[:, n // 2:]]) if name == "copy" else src[0] @ src[1]

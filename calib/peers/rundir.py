@@ -15,7 +15,8 @@ import numpy as np
 from calib.peers.model import ITEMSIZE, PeerLog, PeerPoint, fail
 from microbench.errors import UsageError
 from microbench.ops import OPS
-from microbench.records import LINK_CLASSES, RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
+from microbench.links import LINK_CLASSES, link_of
+from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
 from microbench.stats import estimate
 from microbench.store import RunStore
 
@@ -51,8 +52,7 @@ def placement(procs: int, hosts: tuple[str, ...], link: str | None, where: str) 
             raise UsageError(f"{where}: {procs} processes, but the host list places {len(hosts)}")
         used = hosts[:procs]
         counts = [used.count(h) for h in dict.fromkeys(used)]
-        found = Placement("intra" if len(counts) == 1 else "inter" if max(counts) == 1 else "spread", len(counts),
-                          max(counts))
+        found = Placement(link_of(len(counts), max(counts)), len(counts), max(counts))
         if link is not None and link != found.link:
             raise UsageError(f"{where}: --link {link} disagrees with the host list, which places {procs} ranks as "
                              f"{found.link} ({found.nodes} nodes, up to {found.ranks_per_node} per node)")

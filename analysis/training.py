@@ -1,0 +1,439 @@
+"""A transformer training step under a parallel configuration (tensor t, pipeline p with a schedule, data d with a
+ZeRO stage, micro-batch size and count, sequence parallelism, recomputation, data-parallel overlap), timed and sized
+per device from a calibration. Pure. docs/training.md derives each term; in short:
+
+- Devices form the mesh (p, d, t), t fastest (Megatron-LM's order), so the link class each parallel dimension's
+  groups span prices its collectives through analysis.pricing (one definition per collective, link sharing
+  included): axis 0 carries the pipeline's point-to-point messages, axis 1 the data-parallel and ZeRO collectives,
+  axis 2 the tensor-parallel ones.
+- Compute is every GEMM of a layer (forward; backward twice each) at the calibration's GEMM model, latency plus
+  flops at the rate, so small GEMMs run below peak; memory-bound kernels (norms, softmax, dropout, GeLU) move
+  their bytes at the local copy rate. Recomputation repeats the attention core (selective) or the forward (full).
+- Tensor parallelism all-reduces the activation twice each way per layer, or with sequence parallelism
+  reduce-scatters and all-gathers it; full recomputation repeats the forward ones.
+- A step is m micro-batches through the slowest stage, plus the schedule's bubble, plus its point-to-point
+  messages (1/t of the activation each: Megatron's scatter/gather), plus the data-parallel collectives not hidden
+  behind the backward pass, plus the optimizer (Adam: its bytes at the copy rate).
+- Memory per device (the first stage, which holds the most): fp16 parameters and gradients and fp32 Adam states
+  (ZeRO 1 shards the states, 2 the gradients too, 3 the parameters too) and activations by Korthikanti et al. 2022
+  (Table 2, by recomputation and sequence parallelism) times the schedule's in-flight micro-batches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
+
+from analysis.mesh import Mesh
+from analysis.models import parse_spec
+from analysis.pricing import Pricer
+from analysis.schedules import Schedule, parse_schedule
+from microbench.errors import UsageError
+from microbench.ops import itemsize
+
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+"""Mixed-precision Adam per parameter: fp16 weights and gradients, fp32 master weights, momentum and variance
+(the ZeRO paper's K = 12)."""
+ADAM_TRAFFIC_BYTES = 28
+"""Bytes an Adam step reads and writes per parameter it updates: fp32 weight, momentum, variance in and out, the
+fp16 gradient in and the fp16 weight out."""
+AXES = {"pp": 0, "dp": 1, "tp": 2}
+"""The mesh axis of each parallel dimension: (p, d, t), t varying fastest."""
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A GPT-style model: layers of hidden size h with `heads` heads and an ffn-wide MLP, sequences of `seq`
+    tokens, a vocabulary (tied input and output embedding) and the global batch in sequences."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    batch: int
+
+    @classmethod
+    def parse(cls, spec: str) -> "Transformer":
+        """From a model spec of analysis.models (a transformer preset or `transformer:d=...,heads=...`)."""
+        kind, p = parse_spec(spec)
+        if kind != "transformer":
+            raise UsageError(f"a training step prices transformers; {spec!r} is a {kind}")
+        if p["head_dim"] and p["head_dim"] * p["heads"] != p["d"]:
+            raise UsageError(f"transformer: heads x head_dim must equal d for a training step ({spec!r})")
+        return cls(spec, p["layers"], p["d"], p["heads"], p["seq"], p["vocab"], p["ffn"] or 4 * p["d"], p["batch"])
+
+    @property
+    def layer_params(self) -> int:
+        """Weights and biases of one layer: QKV, projection, two MLP matrices, two layer norms."""
+        h, f = self.hidden, self.ffn
+        return 4 * h * h + 2 * h * f + 9 * h + f
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + (self.vocab + self.seq) * self.hidden
+
+    def flops(self, recompute: str = "full") -> float:
+        """FLOPs of one step as Narayanan et al. 2021 count them (eq. 3 with full recomputation: 4 passes)."""
+        b, s, h, L, V = self.batch, self.seq, self.hidden, self.layers, self.vocab
+        passes = {"none": 3, "selective": 3, "full": 4}[recompute]
+        return passes * 24 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h) * 4 / passes)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One parallel configuration; the micro-batch count follows from the global batch (m = batch / (d mb))."""
+
+    t: int
+    p: int
+    d: int
+    micro_batch: int
+    schedule: Schedule = Schedule("1f1b")
+    zero: int = 0
+    sp: bool = False
+    recompute: str = "none"
+    dp_overlap: bool = False
+
+    def __str__(self) -> str:
+        return (f"t{self.t} p{self.p} d{self.d} mb{self.micro_batch} {self.schedule} zero{self.zero}"
+                f"{' sp' if self.sp else ''} rc:{self.recompute}{' overlap' if self.dp_overlap else ''}")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "schedule": self.schedule.name, "v": self.schedule.v}
+
+
+CONFIG_KEYS = {"t": int, "p": int, "d": int, "mb": int, "schedule": str, "v": int, "zero": int, "sp": bool,
+               "recompute": str, "overlap": bool}
+
+
+def parse_config(text: str) -> Config:
+    """'t=8,p=8,d=1,mb=1,schedule=interleaved,v=3,zero=1,sp=1,recompute=selective,overlap=1' (t, p, d, mb
+    required; defaults 1f1b, zero 0, no sp, no recomputation, no overlap)."""
+    given: dict = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        if not eq or key not in CONFIG_KEYS:
+            raise UsageError(f"config {text!r}: {item!r} is not one of {', '.join(f'{k}=' for k in CONFIG_KEYS)}")
+        kind = CONFIG_KEYS[key]
+        val = val.strip().lower()
+        if kind is bool:
+            if val not in ("0", "1", "on", "off", "true", "false"):
+                raise UsageError(f"config {text!r}: {key} takes 0/1 (or on/off), not {val!r}")
+            given[key] = val in ("1", "on", "true")
+        elif kind is int:
+            if not val.isdigit() or int(val) < (0 if key == "zero" else 1):
+                raise UsageError(f"config {text!r}: {key}={val!r} is not a positive integer")
+            given[key] = int(val)
+        else:
+            given[key] = val
+    missing = [k for k in ("t", "p", "d", "mb") if k not in given]
+    if missing:
+        raise UsageError(f"config {text!r} lacks {', '.join(missing)}")
+    if given.get("zero", 0) not in ZERO_STAGES:
+        raise UsageError(f"config {text!r}: zero must be one of {ZERO_STAGES}")
+    if given.get("recompute", "none") not in RECOMPUTE:
+        raise UsageError(f"config {text!r}: recompute must be one of {', '.join(RECOMPUTE)}")
+    return Config(given["t"], given["p"], given["d"], given["mb"],
+                  parse_schedule(given.get("schedule", "1f1b"), given.get("v", 1)), given.get("zero", 0),
+                  given.get("sp", False), given.get("recompute", "none"), given.get("overlap", False))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per device on the first pipeline stage (the one holding the most)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A configuration's predicted step: seconds by part (compute + recompute + tp + pp + bubble + dp_exposed +
+    optimizer = total; dp_overlapped is hidden behind the backward pass and shown apart), memory per device, the
+    link class each parallel dimension's collectives were priced on, and why it cannot run (None: it can)."""
+
+    config: Config
+    micro_batches: int
+    total_s: float = math.inf
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    bubble_s: float = 0.0
+    dp_exposed_s: float = 0.0
+    dp_overlapped_s: float = 0.0
+    optimizer_s: float = 0.0
+    memory: Memory | None = None
+    links: dict = field(default_factory=dict)
+    reason: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.reason is None
+
+    PARTS = ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s", "dp_exposed_s", "optimizer_s")
+
+    def to_dict(self) -> dict:
+        out = {"config": str(self.config), **self.config.to_dict(), "micro_batches": self.micro_batches,
+               "feasible": self.feasible, "reason": self.reason, "total_s": self.total_s}
+        out.update({k: getattr(self, k) for k in (*self.PARTS, "dp_overlapped_s")})
+        out["memory_bytes"] = None if self.memory is None else self.memory.to_dict()
+        out["links"] = dict(self.links)
+        return out
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One layer and one micro-batch on one device: seconds of each pass and its tensor-parallel collectives."""
+
+    fwd: float
+    bwd: float
+    rec: float
+    tp_fwd: float
+    tp_bwd: float
+    tp_rec: float
+
+    @property
+    def compute(self) -> float:
+        return self.fwd + self.bwd
+
+    @property
+    def tp(self) -> float:
+        return self.tp_fwd + self.tp_bwd + self.tp_rec
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.rec + self.tp
+
+
+class TrainingPricer:
+    """Prices configurations of one model on one calibration and machine shape (devices, devices per node),
+    caching what configurations share: a pricer per (t, p, d), a layer's times per (t, mb, sp, recompute)."""
+
+    def __init__(self, calibration, model: Transformer, devices: int, gpus_per_node: int, dtype: str,
+                 nics_per_node: int = 1, memory_bytes: float | None = None):
+        if devices < 1 or gpus_per_node < 1:
+            raise UsageError("--devices and --gpus-per-node must be at least 1")
+        if devices > gpus_per_node and devices % gpus_per_node:
+            raise UsageError(f"{devices} devices do not fill nodes of {gpus_per_node}")
+        self.cal = calibration
+        self.model = model
+        self.devices = devices
+        self.gpus_per_node = min(gpus_per_node, devices)
+        self.dtype = dtype
+        self.itemsize = itemsize(dtype)
+        self.nics_per_node = nics_per_node
+        self.memory_bytes = memory_bytes
+        self._pricers: dict[tuple[int, int, int], Pricer] = {}
+        self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
+
+    def pricer(self, t: int, p: int, d: int) -> Pricer:
+        key = (t, p, d)
+        if key not in self._pricers:
+            self._pricers[key] = Pricer(self.cal, Mesh((p, d, t), self.gpus_per_node), self.dtype, self.nics_per_node)
+        return self._pricers[key]
+
+    @cached_property
+    def _probe(self) -> Pricer:
+        return self.pricer(1, 1, self.devices)
+
+    def _comm(self, pricer: Pricer, op: str, dim: str, nbytes: float) -> float:
+        return float(pricer.seconds(op, AXES[dim], [nbytes])[0])
+
+    def _gemm(self, flops: float) -> float:
+        return self._probe.compute_seconds(flops)
+
+    def _traffic(self, elements: float) -> float:
+        return self._probe.compute_seconds(0.0, elements)
+
+    def _layers_of(self, c: Config) -> tuple[_Layer, _Layer, _Layer]:
+        """(a transformer layer, the first stage's embedding, the last stage's output layer) for one micro-batch."""
+        key = (c.t, c.p, c.d, c.micro_batch, c.sp, c.recompute)
+        if key not in self._layers:
+            self._layers[key] = self._price_layers(c)
+        return self._layers[key]
+
+    def _price_layers(self, c: Config) -> tuple[_Layer, _Layer, _Layer]:
+        m, t, b = self.model, c.t, c.micro_batch
+        s, h, a, f, V = m.seq, m.hidden, m.heads, m.ffn, m.vocab
+        tokens = b * s
+        gemm, traffic = self._gemm, self._traffic
+        core = [2 * b * s * s * h / t] * 2                      # scores and context, batched over heads
+        dense = [2 * tokens * h * 3 * h / t, 2 * tokens * h * h / t, 2 * tokens * h * f / t, 2 * tokens * f * h / t]
+        hs = tokens * h / (t if c.sp else 1)                    # replicated norm/dropout regions (split with SP)
+        attn = b * a * s * s / t
+        core_elem = [2 * attn, 2.5 * attn]                      # softmax, dropout (with its byte mask)
+        other_elem = [2 * hs, 3.5 * hs, 2 * hs, 3.5 * hs, 2 * tokens * f / t]   # norms, bias-dropout-adds, GeLU
+        fwd_core = sum(map(gemm, core)) + sum(map(traffic, core_elem))
+        fwd = fwd_core + sum(map(gemm, dense)) + sum(map(traffic, other_elem))
+        bwd = 2 * sum(map(gemm, core + dense)) + sum(traffic(2 * e) for e in core_elem + other_elem)
+        rec = {"none": 0.0, "selective": fwd_core, "full": fwd}[c.recompute]
+        act = tokens * h * self.itemsize
+        pricer = self.pricer(c.t, c.p, c.d)
+        if t == 1:
+            tp_fwd = 0.0
+        elif c.sp:
+            tp_fwd = 2 * (self._comm(pricer, "allgather", "tp", act) + self._comm(pricer, "reduce_scatter", "tp", act))
+        else:
+            tp_fwd = 2 * self._comm(pricer, "allreduce", "tp", act)
+        layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd, tp_fwd if c.recompute == "full" else 0.0)
+        one_way = 0.0 if t == 1 else self._comm(pricer, "reduce_scatter" if c.sp else "allreduce", "tp", act)
+        embed = _Layer(traffic(2 * tokens * h), traffic(2 * tokens * h), 0.0, one_way, 0.0, 0.0)
+        logits = [2 * tokens * h * V / t]
+        gather = 0.0 if not (t > 1 and c.sp) else self._comm(pricer, "allgather", "tp", act)
+        head = _Layer(sum(map(gemm, logits)) + traffic(3 * tokens * V / t) + traffic(2 * hs),
+                      2 * sum(map(gemm, logits)) + traffic(3 * tokens * V / t), 0.0, gather, gather, 0.0)
+        return layer, embed, head
+
+    def stage_params(self, c: Config) -> float:
+        """Parameters per device on the first stage: its layers' share and the (tied) embedding's, split t ways."""
+        m = self.model
+        return (m.layers // c.p * m.layer_params + (m.vocab + m.seq) * m.hidden) / c.t
+
+    def activation_bytes(self, c: Config) -> float:
+        """Korthikanti et al. 2022's activation bytes of one layer and micro-batch per device (Table 2): fp16,
+        a dropout mask byte per element; with full recomputation only the layer's input is kept."""
+        m = self.model
+        sbh = m.seq * c.micro_batch * m.hidden
+        attn = 5 * m.heads * m.seq / m.hidden
+        if c.recompute == "full":
+            return 2 * sbh / (c.t if c.sp else 1)
+        core = 0.0 if c.recompute == "selective" else attn
+        return sbh * (34 + core) / c.t if c.sp else sbh * (10 + (24 + core) / c.t)
+
+    def memory(self, c: Config, m: int) -> Memory:
+        P = self.stage_params(c)
+        shard = lambda stage: c.d if c.zero >= stage else 1  # noqa: E731
+        per_layer = self.activation_bytes(c)
+        acts = self.model.layers // c.p * per_layer * c.schedule.in_flight(c.p, m)
+        if c.recompute == "full":        # the one layer being recomputed holds all its activations
+            acts += self.activation_bytes(replace(c, recompute="none"))
+        return Memory(P * PARAM_BYTES / shard(3), P * GRAD_BYTES / shard(2), P * OPTIMIZER_BYTES / shard(1), acts)
+
+    def problem(self, c: Config) -> str | None:
+        """Why configuration c cannot run this model on these devices (before memory), or None."""
+        m = self.model
+        if c.t * c.p * c.d != self.devices:
+            return f"t x p x d = {c.t * c.p * c.d}, not the {self.devices} devices"
+        if m.heads % c.t or m.ffn % c.t:
+            return f"t={c.t} does not divide the {m.heads} heads and the MLP width {m.ffn}"
+        if m.batch % (c.d * c.micro_batch):
+            return f"the global batch of {m.batch} does not split into d={c.d} x micro-batches of {c.micro_batch}"
+        if c.sp and c.t == 1:
+            return "sequence parallelism needs tensor parallelism (t > 1)"
+        if c.zero and c.d == 1:
+            return "ZeRO shards across data parallelism: it needs d > 1"
+        return c.schedule.problem(c.p, m.batch // (c.d * c.micro_batch), m.layers)
+
+    def price(self, c: Config) -> Step:
+        """The predicted step of configuration c (infeasible ones carry their reason, and memory where known)."""
+        reason = self.problem(c)
+        m = self.model.batch // (c.d * c.micro_batch) if not self.model.batch % (c.d * c.micro_batch) else 0
+        if reason:
+            return Step(c, m, reason=reason)
+        mem = self.memory(c, m)
+        if self.memory_bytes is not None and mem.total > self.memory_bytes:
+            return Step(c, m, memory=mem, reason=f"needs {mem.total / 2**30:.1f} GiB per device (activations "
+                        f"{mem.activations / 2**30:.1f} GiB), over the device's {self.memory_bytes / 2**30:.1f} GiB")
+        layer, embed, head = self._layers_of(c)
+        n = self.model.layers // c.p
+        first = n * layer.total + embed.total
+        last = n * layer.total + head.total
+        slow, extra = ((first, embed) if first >= last else (last, head)) if c.p > 1 else (first + head.total, None)
+        extras = [embed, head] if c.p == 1 else [extra]
+        stage_avg = n * layer.total + (embed.total + head.total) / c.p
+        pricer = self.pricer(c.t, c.p, c.d)
+        message = self.model.seq * c.micro_batch * self.model.hidden * self.itemsize / c.t
+        pp = c.schedule.messages(c.p, m) * self._comm(pricer, "pingpong", "pp", message) if c.p > 1 else 0.0
+        dp_total, dp_exposed = self._dp(c, m, pricer, n * layer.fwd + embed.fwd, n * layer.bwd + embed.bwd)
+        handled = self.stage_params(c) / (c.d if c.zero >= 1 else 1)
+        optimizer = self._traffic(handled * ADAM_TRAFFIC_BYTES / self.itemsize)
+        bubble = c.schedule.bubble_slots(c.p) * stage_avg
+        compute = m * (n * layer.compute + sum(x.compute for x in extras))
+        recompute = m * n * layer.rec
+        tp = m * (n * layer.tp + sum(x.tp for x in extras))
+        total = m * slow + bubble + pp + dp_exposed + optimizer
+        links = {dim: self._link(pricer, op, dim) for dim, op, used in (
+            ("tp", "reduce_scatter" if c.sp else "allreduce", c.t > 1), ("pp", "pingpong", c.p > 1),
+            ("dp", "allreduce" if c.zero == 0 else "reduce_scatter", c.d > 1)) if used}
+        return Step(c, m, total, compute, recompute, tp, pp, bubble, dp_exposed, dp_total - dp_exposed, optimizer,
+                    mem, links)
+
+    def _link(self, pricer: Pricer, op: str, dim: str) -> str:
+        wanted = pricer.mesh.axes[AXES[dim]].link
+        used = pricer.link(op, AXES[dim])
+        return wanted if used == wanted else f"{wanted} (priced as {used})"
+
+    def _dp(self, c: Config, m: int, pricer: Pricer, fwd: float, bwd: float) -> tuple[float, float]:
+        """(all, exposed) seconds of the data-parallel collectives of a step. The gradient reduction of the last
+        micro-batch hides behind its backward pass, ZeRO 1/2's parameter all-gather behind the next step's first
+        forward, ZeRO 3's per-micro-batch gathers and reductions behind each forward and backward; without
+        overlap everything is exposed."""
+        if c.d == 1:
+            return 0.0, 0.0
+        P = self.stage_params(c)
+        grads, params = P * GRAD_BYTES, P * PARAM_BYTES
+        comm = lambda op, nbytes: self._comm(pricer, op, "dp", nbytes)  # noqa: E731
+        hidden = (lambda s, window: max(0.0, s - window)) if c.dp_overlap else (lambda s, window: s)  # noqa: E731
+        if c.zero == 0:
+            s = comm("allreduce", grads)
+            return s, hidden(s, bwd)
+        rs, ag = comm("reduce_scatter", grads), comm("allgather", params)
+        if c.zero == 1:
+            return rs + ag, hidden(rs, bwd) + hidden(ag, fwd)
+        if c.zero == 2:
+            return m * rs + ag, m * hidden(rs, bwd) + hidden(ag, fwd)
+        return m * (2 * ag + rs), m * (hidden(ag, fwd) + hidden(ag + rs, bwd))
+
+    def fallbacks(self):
+        """Every collective priced by another link class's models, over all pricers used."""
+        seen = {}
+        for pricer in self._pricers.values():
+            for f in pricer.fallbacks():
+                seen[(f.op, f.axis, f.wanted, f.used)] = f
+        return list(seen.values())
+
+
+def divisors(n: int, upto: int | None = None) -> list[int]:
+    return [k for k in range(1, (upto or n) + 1) if n % k == 0]
+
+
+def space(model: Transformer, devices: int, max_micro_batch: int = 8, max_v: int = 8):
+    """Every configuration worth pricing: t dividing the heads, p the layers, d the rest; micro-batches dividing
+    the per-replica batch (up to max_micro_batch); GPipe, 1F1B and interleaved with v dividing a stage's layers;
+    ZeRO 0-3 and overlap where d > 1; sequence parallelism where t > 1; each recomputation."""
+    for t in divisors(devices):
+        if model.heads % t or model.ffn % t:
+            continue
+        for p in divisors(devices // t):
+            if model.layers % p:
+                continue
+            d = devices // (t * p)
+            if model.batch % d:
+                continue
+            scheds = [Schedule("1f1b")] if p == 1 else [Schedule("gpipe"), Schedule("1f1b")] + [
+                Schedule("interleaved", v) for v in divisors(model.layers // p, max_v) if v > 1]
+            for mb in divisors(model.batch // d, max_micro_batch):
+                m = model.batch // (d * mb)
+                for sched in scheds:
+                    if sched.name == "interleaved" and m % p:
+                        continue
+                    for zero in ZERO_STAGES if d > 1 else (0,):
+                        for overlap in (False, True) if d > 1 else (False,):
+                            for sp in (False, True) if t > 1 else (False,):
+                                for rc in RECOMPUTE:
+                                    yield Config(t, p, d, mb, sched, zero, sp, rc, overlap)

@@ -1,0 +1,127 @@
+"""The training-step model: schedule bubbles and in-flight micro-batches, memory by ZeRO stage and activations by
+hand, infeasibility reasons, a spec calibration, and the search and predict front doors on a synthetic and a spec
+calibration (bad input: one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.schedules import Schedule, parse_schedule
+from analysis.training import Config, TrainingPricer, Transformer, parse_config, space
+from calib.calibration import calibration_from_dict, load_calibration
+from calib.spec import from_spec, load_spec
+from calib.synthetic import synthetic_calibration
+from microbench.errors import UsageError
+from conftest import run_main
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "pingpong", "sendrecv")
+GPT = "transformer:d=1024,heads=16,layers=8,seq=512,batch=32,vocab=1000"
+
+
+def synthetic():
+    models = {(op, link): (a, 1 / bw) for op in OPS
+              for link, a, bw in (("intra", 5e-6, 100e9), ("inter", 20e-6, 12e9), ("spread", 25e-6, 10e9))}
+    return calibration_from_dict(synthetic_calibration(models, gemm={"float32": 1e13}))
+
+
+def test_bubbles_and_in_flight():
+    assert Schedule("gpipe").bubble_slots(4) == Schedule("1f1b").bubble_slots(4) == 3
+    assert Schedule("interleaved", 3).bubble_slots(4) == 1
+    assert Schedule("gpipe").in_flight(4, 16) == 16 and Schedule("1f1b").in_flight(4, 16) == 4
+    assert Schedule("1f1b").in_flight(4, 2) == 2
+    assert Schedule("interleaved", 2).in_flight(4, 16) == pytest.approx(4 * (1 + 3 / 8))
+    assert Schedule("interleaved", 2).messages(4, 8) == 2 * (2 * 8 + 3) and Schedule("1f1b").messages(1, 8) == 0
+    assert parse_schedule("interleaved/v3") == Schedule("interleaved", 3)
+    with pytest.raises(UsageError, match="only interleaved"):
+        Schedule("1f1b", 2)
+
+
+def test_memory_by_zero_stage_by_hand():
+    model = Transformer.parse(GPT)
+    tp = TrainingPricer(synthetic(), model, 8, 4, "float32")
+    h, f = 1024, 4096
+    stage = (8 // 2 * (4 * h * h + 2 * h * f + 9 * h + f) + (1000 + 512) * h) / 2      # t=2, p=2
+    for zero, (pw, gw, ow) in {0: (1, 1, 1), 1: (1, 1, 2), 2: (1, 2, 2), 3: (2, 2, 2)}.items():
+        mem = tp.memory(Config(2, 2, 2, 1, zero=zero), 16)
+        assert (mem.params, mem.grads, mem.optimizer) == pytest.approx((2 * stage / pw, 2 * stage / gw, 12 * stage / ow))
+    sbh = 512 * 1 * h
+    none = tp.memory(Config(2, 2, 2, 1), 16).activations
+    assert none == pytest.approx(4 * sbh * (10 + (24 + 5 * 16 * 512 / h) / 2) * 2)     # 4 layers x p=2 in flight
+    sel_sp = tp.memory(Config(2, 2, 2, 1, sp=True, recompute="selective"), 16).activations
+    assert sel_sp == pytest.approx(4 * sbh * 34 / 2 * 2)
+
+
+def test_infeasible_configurations_say_why():
+    tp = TrainingPricer(synthetic(), Transformer.parse(GPT), 8, 4, "float32", memory_bytes=2 ** 20)
+    reasons = {
+        "t=3,p=1,d=1,mb=1": "not the 8 devices", "t=8,p=1,d=1,mb=1,sp=1": None,
+        "t=1,p=8,d=1,mb=1,sp=1": "needs tensor parallelism", "t=8,p=1,d=1,mb=1,zero=1": "needs d > 1",
+        "t=1,p=1,d=8,mb=3": "does not split", "t=2,p=4,d=1,mb=1,schedule=interleaved,v=4": "do not split into v=4",
+    }
+    for text, words in reasons.items():
+        step = tp.price(parse_config(text))
+        assert not step.feasible
+        assert words is None or words in step.reason
+    assert "over the device's" in tp.price(parse_config("t=8,p=1,d=1,mb=1,sp=1")).reason
+
+
+def test_step_adds_up_and_overlap_hides():
+    tp = TrainingPricer(synthetic(), Transformer.parse(GPT), 8, 4, "float32")
+    for sched in ("gpipe", "1f1b", "interleaved"):
+        off = tp.price(Config(2, 2, 2, 2, parse_schedule(sched, 2), 0))
+        on = tp.price(Config(2, 2, 2, 2, parse_schedule(sched, 2), 0, dp_overlap=True))
+        assert off.total_s == pytest.approx(sum(getattr(off, k) for k in off.PARTS))
+        assert on.dp_exposed_s + on.dp_overlapped_s == pytest.approx(off.dp_exposed_s) and on.total_s <= off.total_s
+        assert off.links == {"tp": "intra", "pp": "inter", "dp": "intra"}
+    assert sum(1 for _ in space(Transformer.parse(GPT), 8)) > 100
+
+
+def test_spec_calibration(tmp_path):
+    cal = calibration_from_dict(load_spec("selene").to_json())
+    assert cal.memory_bytes() == 80 * 2 ** 30 and cal.spec()["file"] == "selene"
+    assert cal.gemm_flops_per_s("float16") == pytest.approx(312e12 * 0.859)
+    assert cal.predict("allreduce", "intra", 8, 1e9).seconds == pytest.approx(14 * 1e-6 + 1.75e9 / 195e9, rel=1e-9)
+    spec = json.loads((Path(__file__).parent.parent / "calib" / "selene.spec.json").read_text())
+    with pytest.raises(UsageError, match="tiers\\[0\\]: key 'efficiency'"):
+        from_spec({**spec, "tiers": [{**spec["tiers"][0], "efficiency": 2}]})
+    with pytest.raises(UsageError, match="unknown key 'colour'"):
+        from_spec({**spec, "colour": 1})
+
+
+def test_search_and_predict_cli(tmp_path, capsys):
+    syn = tmp_path / "syn.json"
+    syn.write_text(json.dumps(synthetic().data))
+    spec = tmp_path / "selene.json"
+    code, out, err = run_main(capsys, ["calibration", "from-spec", "selene", "--out", str(spec)])
+    assert code == 0 and load_calibration(spec).spec() is not None
+    for cal, dtype in ((syn, "float32"), (spec, None)):
+        args = ["search", str(cal), "--model", GPT, "--devices", "8", "--gpus-per-node", "4", "--json", "--strict"]
+        code, out, err = run_main(capsys, args + (["--dtype", dtype] if dtype else []))
+        assert code == 0, err
+        best = json.loads(out)["best"]
+        assert best and all(b["feasible"] for b in best) and best[0]["total_s"] <= best[-1]["total_s"]
+        code, out, err = run_main(capsys, ["predict", str(cal), "--model", GPT, "--devices", "8", "--gpus-per-node",
+                                           "4", "--config", _config(best[0])])
+        assert code == 0 and "memory per device" in out, err
+    code, out, err = run_main(capsys, ["search", str(syn), "--model", "vgg13", "--mesh", "2x2"])
+    assert code == 0 and "coordinate descent" in out       # the SBP search is still there
+    for args, words in ((["search", str(spec), "--model", GPT, "--devices", "8"], "--mesh"),
+                        (["search", str(spec), "--model", GPT, "--devices", "6", "--gpus-per-node", "4"], "fill"),
+                        (["search", str(spec), "--model", "vgg13", "--devices", "8", "--gpus-per-node", "4"],
+                         "transformers"),
+                        (["predict", str(spec), "--model", GPT, "--devices", "8", "--gpus-per-node", "4",
+                          "--config", "t=3,p=1,d=1,mb=1"], "cannot run"),
+                        (["predict", str(spec), "--model", GPT, "--devices", "8", "--gpus-per-node", "4",
+                          "--config", "t=8,colour=1"], "colour"),
+                        (["calibration", "from-spec", str(tmp_path / "none.json"), "--out", str(tmp_path / "x")],
+                         "cannot read")):
+        code, out, err = run_main(capsys, args)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def _config(row: dict) -> str:
+    return (f"t={row['t']},p={row['p']},d={row['d']},mb={row['micro_batch']},schedule={row['schedule']},v={row['v']},"
+            f"zero={row['zero']},sp={int(row['sp'])},recompute={row['recompute']},overlap={int(row['dp_overlap'])}")
