@@ -246,8 +246,3 @@ def fit_result(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | No
         link_classes=_link_classes(pts), models=models, hockney=tuple(hockney), p2p=p2p_of(models, P2P_OPS),
         gemm=gemm_rates(pts[pts["op"] == "gemm"]), warnings=tuple(warnings), after_compute=after_models,
         copy=copy_rate(pts[pts["op"] == "copy"]))
-
-
-def fit_calibration(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | None = None) -> dict:
-    """fit_result as the calibration file's dict."""
-    return fit_result(runs, opts, after).to_json()

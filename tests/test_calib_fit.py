@@ -13,7 +13,7 @@ import pytest
 
 from calib.algorithms import algorithm
 from calib.calibration import calibration_from_dict
-from calib.fit import FitOptions, fit_calibration
+from calib.fit import FitOptions, fit_result
 from calib.points import load_runs
 from calib.segments import Points, fit_piecewise
 from calib.synthetic import Segment, TrueModel, write_synthetic_run
@@ -28,6 +28,11 @@ TRUTH = {
 KNEE = 65536
 PINGPONG = TrueModel((Segment(KNEE, 8e-6, 1.5e-9), Segment(math.inf, 45e-6, 0.9e-9)))
 PROCS = {"inter": [2, 4, 8], "intra": [2, 4, 8]}
+
+
+def fit_calibration(runs, opts: FitOptions = FitOptions()) -> dict:
+    """The fit as the calibration file's dict."""
+    return fit_result(runs, opts).to_json()
 
 
 @pytest.fixture(scope="module")
