@@ -61,6 +61,17 @@ class Collectives:
     def alltoall(self, blocks, axis: int):
         return self._run("alltoall", blocks, self.xp.empty_like(blocks), axis)
 
+    def isend(self, buf, axis: int, dest: int, tag: int):
+        """Start sending a host buffer to member `dest` of this rank's group on `axis`; the request to wait on."""
+        return self.axes[axis].Isend(buf, dest, tag)
+
+    def recv(self, buf, axis: int, source: int, tag: int) -> None:
+        self.axes[axis].Recv(buf, source, tag)
+
+    @staticmethod
+    def wait(requests) -> None:
+        MPI.Request.Waitall(requests)
+
     def barrier(self) -> None:
         self.world.Barrier()
 

@@ -70,7 +70,7 @@ class Item:
 
     @property
     def is_comm(self) -> bool:
-        return isinstance(self.entry, Step) and self.entry.is_comm
+        return self.entry.is_comm
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 (the ZeRO paper's K = 12)."""
 ADAM_TRAFFIC_BYTES = 28
 """Bytes an Adam step reads and writes per parameter it updates: fp32 weight, momentum, variance in and out, the
-fp16 gradient in and the fp16 weight out."""
+fp16 gradient in and the fp16 weight out (in fp32 throughout, without a master copy: weight, momentum and variance
+in and out and the gradient in, 28 as well)."""
 AXES = {"pp": 0, "dp": 1, "tp": 2}
 """The mesh axis of each parallel dimension: (p, d, t), t varying fastest."""
 
@@ -225,7 +226,7 @@ class TrainingPricer:
     caching what configurations share: a pricer per (t, p, d), a layer's times per (t, mb, sp, recompute)."""
 
     def __init__(self, calibration, model: Transformer, devices: int, gpus_per_node: int, dtype: str,
-                 nics_per_node: int = 1, memory_bytes: float | None = None):
+                 nics_per_node: int = 1, memory_bytes: float | None = None, mixed: bool = True):
         if devices < 1 or gpus_per_node < 1:
             raise UsageError("--devices and --gpus-per-node must be at least 1")
         if devices > gpus_per_node and devices % gpus_per_node:
@@ -238,6 +239,10 @@ class TrainingPricer:
         self.itemsize = itemsize(dtype)
         self.nics_per_node = nics_per_node
         self.memory_bytes = memory_bytes
+        self.param_bytes, self.grad_bytes, self.optimizer_bytes = (PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES) if mixed \
+            else (self.itemsize, self.itemsize, 2 * self.itemsize)
+        """Bytes per parameter: mixed precision (fp16 weights and gradients, fp32 Adam states and master weights), or
+        (mixed=False, as the validation harness trains) everything in `dtype` with no master copy."""
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
         self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
 
@@ -322,7 +327,8 @@ class TrainingPricer:
         acts = self.model.layers // c.p * per_layer * c.schedule.in_flight(c.p, m)
         if c.recompute == "full":        # the one layer being recomputed holds all its activations
             acts += self.activation_bytes(replace(c, recompute="none"))
-        return Memory(P * PARAM_BYTES / shard(3), P * GRAD_BYTES / shard(2), P * OPTIMIZER_BYTES / shard(1), acts)
+        return Memory(P * self.param_bytes / shard(3), P * self.grad_bytes / shard(2),
+                      P * self.optimizer_bytes / shard(1), acts)
 
     def problem(self, c: Config) -> str | None:
         """Why configuration c cannot run this model on these devices (before memory), or None."""
@@ -386,7 +392,7 @@ class TrainingPricer:
         if c.d == 1:
             return 0.0, 0.0
         P = self.stage_params(c)
-        grads, params = P * GRAD_BYTES, P * PARAM_BYTES
+        grads, params = P * self.grad_bytes, P * self.param_bytes
         comm = lambda op, nbytes: self._comm(pricer, op, "dp", nbytes)  # noqa: E731
         hidden = (lambda s, window: max(0.0, s - window)) if c.dp_overlap else (lambda s, window: s)  # noqa: E731
         if c.zero == 0:
