@@ -81,30 +81,8 @@ class Schedule:
         return tuple(out + [virtual("B", k) for k in range(total - warm, total)])
 
     def timeline(self, p: int, m: int, fwd: float = 1.0, bwd: float = 2.0) -> float:
-        """Seconds from the first pass to the last when every device runs its `order`, a pass starts as soon as its
-        input is there (the previous virtual stage's forward, the next one's backward) and messages are free; a
-        stage's forward takes `fwd`, its backward `bwd` (a chunk's 1/v of them). ValueError if the orders
-        deadlock."""
-        orders = [self.order(p, m, r) for r in range(p)]
-        stages, done = p * self.v, {}
-        at, free = [0] * p, [0.0] * p
-        while any(at[r] < len(orders[r]) for r in range(p)):
-            moved = False
-            for r in range(p):
-                while at[r] < len(orders[r]):
-                    kind, micro, chunk = orders[r][at[r]]
-                    stage = chunk * p + r
-                    need = (("F", micro, stage - 1) if stage else None) if kind == "F" else \
-                        ("B", micro, stage + 1) if stage < stages - 1 else ("F", micro, stage)
-                    if need is not None and need not in done:
-                        break
-                    start = max(free[r], done[need] if need else 0.0)
-                    free[r] = done[(kind, micro, stage)] = start + (fwd if kind == "F" else bwd) / self.v
-                    at[r] += 1
-                    moved = True
-            if not moved:
-                raise ValueError(f"schedule {self} deadlocks on p={p}, m={m}")
-        return max(free)
+        """Seconds from the first pass to the last when every device runs its `order` (play)."""
+        return play([self.order(p, m, r) for r in range(p)], self.v, fwd, bwd)
 
     def problem(self, p: int, m: int, layers: int) -> str | None:
         """Why the schedule cannot run p stages of `layers` layers with m micro-batches, or None."""
@@ -120,6 +98,32 @@ class Schedule:
             if m % p:
                 return f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of p={p}"
         return None
+
+
+def play(orders: list[tuple[Pass, ...]], v: int, fwd: float = 1.0, bwd: float = 2.0) -> float:
+    """Seconds from the first pass to the last when device r runs orders[r] in turn, a pass starting as soon as its
+    input is there (the previous virtual stage's forward, the next one's backward) and messages are free; a stage's
+    forward takes `fwd`, its backward `bwd` (a chunk's 1/v of them). ValueError if the orders deadlock."""
+    p = len(orders)
+    stages, done = p * v, {}
+    at, free = [0] * p, [0.0] * p
+    while any(at[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while at[r] < len(orders[r]):
+                kind, micro, chunk = orders[r][at[r]]
+                stage = chunk * p + r
+                need = (("F", micro, stage - 1) if stage else None) if kind == "F" else \
+                    ("B", micro, stage + 1) if stage < stages - 1 else ("F", micro, stage)
+                if need is not None and need not in done:
+                    break
+                start = max(free[r], done[need] if need else 0.0)
+                free[r] = done[(kind, micro, stage)] = start + (fwd if kind == "F" else bwd) / v
+                at[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError(f"the pipeline orders deadlock on p={p}, v={v}")
+    return max(free)
 
 
 def parse_schedule(text: str, v: int = 1) -> Schedule:
