@@ -62,6 +62,18 @@ def _print(columns: dict[str, dict]) -> None:
         print(f"{name:<26} " + " ".join(f"{v:>9.4f}" for v in values) + f"{cis}  {target}")
 
 
+def score_runs(runs: list[Path]) -> tuple[list[dict], dict[str, dict], list[pd.DataFrame]]:
+    """(summaries, columns for _print, strategies tables) of validate directories: each run's metrics, and each run's
+    measured times scored as the prediction of each other's."""
+    summaries = [json.loads((run / "summary.json").read_text()) for run in runs]
+    columns = {f"run {i + 1}": s["metrics"] for i, s in enumerate(summaries)}
+    tables = [pd.read_parquet(run / "strategies.parquet") for run in runs]
+    for a, b in permutations(range(len(runs)), 2):
+        repeat = ranking.repeat_frame(tables[a], tables[b])
+        columns[f"{a + 1} as {b + 1}"] = ranking.flat(ranking.frame_scores(repeat, 3, 1000, 0))
+    return summaries, columns, tables
+
+
 def main(argv=None) -> int:
     try:
         return _bench(argv)
@@ -104,12 +116,7 @@ def _bench(argv) -> int:
     for run in runs:
         _run([*launch, *commcal, "validate", cal, "--mesh", args.mesh, "--out", str(run), *layers,
               *shlex.split(args.validate_args)])
-    summaries = [json.loads((run / "summary.json").read_text()) for run in runs]
-    columns = {f"run {i + 1}": s["metrics"] for i, s in enumerate(summaries)}
-    tables = [pd.read_parquet(run / "strategies.parquet") for run in runs]
-    for a, b in permutations(range(len(runs)), 2):
-        repeat = ranking.repeat_frame(tables[a], tables[b])
-        columns[f"{a + 1} as {b + 1}"] = ranking.flat(ranking.frame_scores(repeat, 3, 1000, 0))
+    summaries, columns, _ = score_runs(runs)
     _print(columns)
     for i, s in enumerate(summaries):
         print(f"run {i + 1}, where the error comes from:\n" + attribution.describe(s["by_link"], s["step_ratios"]))
