@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.validate import _print, _run, score_runs
+from benchmarks.validate import _print, _run, add_common_arguments, guarded, parse_common, score_runs
 
 MODEL = "transformer:d=64,heads=4,layers=8,seq=32,batch=16"
 SWEEP = ["--ops", "allreduce,allgather,reduce_scatter,pingpong,gemm,copy", "--procs", "2,4", "--sizes", "1K:4M",
@@ -38,33 +36,23 @@ def table(frame: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> int:
+    return guarded(_bench, argv, "bench_pipeline")
+
+
+def _bench(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks")
-    p.add_argument("--out", required=True)
-    p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
-    p.add_argument("--links", default="intra,inter,spread", help="link classes to sweep (intra alone on one host)")
+    add_common_arguments(p, "4 ranks", "intra,inter,spread", 2)
     p.add_argument("--model", default=MODEL, help=f"the transformer (default {MODEL})")
-    p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
-    p.add_argument("--repeat", type=int, default=2, help="validate this many times (default 2)")
-    args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error("--repeat must be at least 1")
-    out = Path(args.out)
-    commcal = [sys.executable, "-m", "reports.cli"]
-    launch = shlex.split(args.launch)
-    try:
-        cal = args.calibration
-        if cal is None:
-            cal = str(out / "calibration.json")
-            _run([*launch, *commcal, "sweep", *SWEEP, "--links", args.links, "--out", str(out / "sweep")])
-            _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
-        runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
-        for run in runs:
-            _run([*launch, *commcal, "validate", cal, "--training", args.model, "--out", str(run),
-                  *shlex.split(args.validate_args)])
-    except subprocess.CalledProcessError as e:
-        print(f"bench_pipeline: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
-        return 2 if e.returncode == 2 else 1
+    args, out, commcal, launch = parse_common(p, argv)
+    cal = args.calibration
+    if cal is None:
+        cal = str(out / "calibration.json")
+        _run([*launch, *commcal, "sweep", *SWEEP, "--links", args.links, "--out", str(out / "sweep")])
+        _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
+    runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
+    for run in runs:
+        _run([*launch, *commcal, "validate", cal, "--training", args.model, "--out", str(run),
+              *shlex.split(args.validate_args)])
     summaries, columns, tables = score_runs(runs)
     _print(columns)
     for i, s in enumerate(summaries):

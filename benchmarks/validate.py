@@ -75,32 +75,46 @@ def score_runs(runs: list[Path]) -> tuple[list[dict], dict[str, dict], list[pd.D
 
 
 def main(argv=None) -> int:
+    return guarded(_bench, argv, "bench_validate")
+
+
+def guarded(bench, argv, name: str) -> int:
+    """bench(argv), a failed step ending it with one line naming that command and its exit code (2 stays 2)."""
     try:
-        return _bench(argv)
+        return bench(argv)
     except subprocess.CalledProcessError as e:
-        print(f"bench_validate: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
+        print(f"{name}: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
         return 2 if e.returncode == 2 else 1
+
+
+def add_common_arguments(p: argparse.ArgumentParser, launch: str, links: str, repeat: int) -> None:
+    """The flags every ranking benchmark takes: launcher, output, calibration, links to sweep, validate's extra
+    arguments and the repeat count (defaults `links` and `repeat`)."""
+    p.add_argument("--launch", required=True, help=f"MPI launcher prefix ({launch})")
+    p.add_argument("--out", required=True)
+    p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
+    p.add_argument("--links", default=links, help="link classes to sweep (intra alone on one host)")
+    p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
+    p.add_argument("--repeat", type=int, default=repeat, help=f"validate this many times (default {repeat})")
+
+
+def parse_common(p: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, Path, list[str], list[str]]:
+    """(arguments, output directory, the commcal command, the launcher) of a ranking benchmark."""
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    return args, Path(args.out), [sys.executable, "-m", "reports.cli"], shlex.split(args.launch)
 
 
 def _bench(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--launch", required=True, help="MPI launcher prefix (4 ranks on 2 nodes for mesh 2x2)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
-    p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")
+    add_common_arguments(p, "4 ranks on 2 nodes for mesh 2x2", "intra,inter", 1)
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
     p.add_argument("--after-gemm", type=int, default=384, metavar="N",
                    help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
-    p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
-    p.add_argument("--repeat", type=int, default=1, help="validate this many times (default 1)")
     p.add_argument("--mesh", default="2x2", help="validate's mesh (default 2x2; 2 for a control with one rank per "
                                                   "vCPU: one node with --links intra, or two nodes with --links inter)")
-    args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error("--repeat must be at least 1")
-    out = Path(args.out)
-    commcal = [sys.executable, "-m", "reports.cli"]
-    launch = shlex.split(args.launch)
+    args, out, commcal, launch = parse_common(p, argv)
     cal = args.calibration
     if cal is None:
         cal = str(out / "calibration.json")

@@ -6,6 +6,7 @@ block's backward is the gradient of its forward; on 4 real ranks a training step
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -179,11 +180,20 @@ def calibration(path) -> str:
 
 @pytest.mark.mpi
 def test_validate_training_ranks_configurations_with_the_ranking_metrics(tmp_path):
-    cal, out = calibration(tmp_path / "cal.json"), tmp_path / "val"
+    """benchmarks.pipeline with a calibration runs `validate --training` twice on 4 ranks and prints each run's
+    metrics and each run scored as the other's prediction; the directory holds predicted and measured parts."""
+    cal, out = calibration(tmp_path / "cal.json"), tmp_path / "val" / "validate"
     configs = ["t=1,p=4,d=1,mb=1", "t=2,p=2,d=1,mb=2", "t=1,p=1,d=4,mb=1,zero=1", "t=4,p=1,d=1,mb=1"]
-    proc = run_mpi(4, ["validate", cal, "--training", MODEL, "--out", str(out), *FAST,
-                       *[a for c in configs for a in ("--config", c)]], check=True)
-    assert "numerics ok for all 4 configurations" in proc.stdout and "total_kendall_tau" in proc.stdout
+    more = shlex.join([*FAST, *[a for c in configs for a in ("--config", c)]])
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--launch", shlex.join(mpiexec_argv(4)),
+                           "--calibration", cal, "--model", MODEL, "--out", str(out.parent), "--validate-args", more],
+                          env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("numerics ok for all 4 configurations") == 2 and "total_kendall_tau" in proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("metric"))
+    assert header.split()[1:] == ["run", "1", "run", "2", "1", "as", "2", "2", "as", "1", "target"]
+    tau = next(line for line in proc.stdout.splitlines() if line.startswith("kendall_tau")).split()
+    assert all(-1 <= float(v) <= 1 for v in tau[1:5])
     frame = pd.read_parquet(out / "strategies.parquet")
     assert len(frame) == 4 and (frame["max_rel_err"] <= TOLERANCE["float32"]).all()
     assert (frame["measured_s"] > 0).all() and (frame["measured_comm_s"] > 0).all() and (frame["samples"] >= 4).all()
