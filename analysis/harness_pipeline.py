@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis import kernels
-from analysis.schedules import Schedule
 from analysis.training import AXES, Config
 
-PARTS = ("phase", "passes", "tp", "p2p")
+PARTS = ("phase", "passes", "tp", "p2p", "dp")
 """What the pipeline phase's clock splits: the whole phase, its passes through the layers (tensor-parallel
-collectives included), those collectives alone, and sending and waiting for messages (the bubble included)."""
+collectives included), those collectives alone, sending and waiting for messages (the bubble included), and with DP
+overlap waiting at the end for the gradient all-reduces started during the backward passes."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ class Clock:
 
     def shares(self) -> np.ndarray:
         """The shares of the phase's time spent in compute (passes less their collectives), tensor-parallel
-        collectives and messages."""
+        collectives, messages and the overlapped gradient all-reduces' final wait."""
         s = self.seconds
-        return np.array([s["passes"] - s["tp"], s["tp"], s["p2p"]]) / max(s["phase"], np.finfo(float).tiny)
+        return np.array([s["passes"] - s["tp"], s["tp"], s["p2p"], s["dp"]]) / max(s["phase"], np.finfo(float).tiny)
 
 
 class TransformerBlock:
@@ -179,6 +179,11 @@ class Flat:
     def param_views(self, i: int) -> dict:
         return {k: self.params[s].reshape(shape) for k, (s, shape) in self.views[i].items()}
 
+    def span(self, i: int) -> slice:
+        """Where layer i's parameters (and gradients) lie in the buffers."""
+        views = list(self.views[i].values())
+        return slice(views[0][0].start, views[-1][0].stop)
+
     def add_grads(self, i: int, grads: dict) -> None:
         for k, (s, shape) in self.views[i].items():
             self.grads[s].reshape(shape)[...] += grads[k]
@@ -211,11 +216,15 @@ class Adam:
 class TrainStep:
     """One configuration's training step on this device, in phases the harness times apart: `pipeline` (every
     pass of the schedule with its messages), `reduce` (the gradients over the replicas), `update` (Adam on what this
-    device owns) and `gather` (ZeRO 1's parameters back to every replica)."""
+    device owns) and `gather` (ZeRO 1's parameters back to every replica). With DP overlap (ZeRO 0) each layer's
+    gradient all-reduce starts (non-blocking) right after the layer's last backward pass, and the pipeline phase ends
+    by waiting for them: host MPI advances them only inside MPI calls, so how much they hide is what is measured.
+    Pipeline messages go as Megatron-LM sends them: each tensor-parallel rank sends its 1/t of the activation and the
+    receiving stage all-gathers it over the tensor-parallel group."""
 
     def __init__(self, stack, data: dict, cfg: Config, place: Place, coll, xp=np, dtype="float32", clock=None):
-        if cfg.zero > 1 or cfg.sp or cfg.recompute != "none" or cfg.dp_overlap:
-            raise ValueError(f"{cfg}: the harness runs ZeRO 0-1 without SP, recomputation or DP overlap")
+        if cfg.zero > 1 or cfg.sp or cfg.recompute != "none" or (cfg.dp_overlap and cfg.zero):
+            raise ValueError(f"{cfg}: the harness runs ZeRO 0-1 without SP or recomputation, DP overlap with ZeRO 0")
         self.cfg, self.place, self.coll, self.xp, self.stack = cfg, place, coll, xp, stack
         self.dtype = np.dtype(dtype)
         self.clock = clock or Clock()
@@ -239,6 +248,8 @@ class TrainStep:
         self.owned = slice(place.replica * own, (place.replica + 1) * own) if cfg.zero else slice(None)
         self.adam = Adam(own, xp, self.dtype)
         self.order = cfg.schedule.order(p, place.micro_batches, place.stage)
+        self.overlap = cfg.dp_overlap and cfg.d > 1
+        self.final = {chunk: k for k, (kind, _, chunk) in enumerate(self.order) if kind == "B"}
         self.outputs: dict[int, object] = {}
 
     def _tp(self, buf):
@@ -253,18 +264,22 @@ class TrainStep:
         stash, sends = {}, []
         tag = lambda kind, micro, stage: (micro * stages + stage) * 2 + (kind == "B")  # noqa: E731
 
+        t, member = cfg.t, self.place.member
+
         def recv(kind, micro, stage):
-            buf = xp.empty(self.micro_shape, dtype=self.dtype)
+            buf = xp.empty(math.prod(self.micro_shape) // t, dtype=self.dtype)
             with self.clock("p2p"):
                 self.coll.recv(buf, AXES["pp"], stage % p, tag(kind, micro, stage))
-            return buf
+                return (self.coll.allgather(buf, AXES["tp"]) if t > 1 else buf).reshape(self.micro_shape)
 
         def send(buf, kind, micro, stage, to):
+            part = xp.ascontiguousarray(buf).reshape(t, -1)[member]
             with self.clock("p2p"):
-                sends.append(self.coll.isend(xp.ascontiguousarray(buf), AXES["pp"], to % p, tag(kind, micro, stage)))
+                sends.append(self.coll.isend(part, AXES["pp"], to % p, tag(kind, micro, stage)))
 
+        reducing = []
         t0 = time.perf_counter()
-        for kind, micro, chunk in self.order:
+        for k, (kind, micro, chunk) in enumerate(self.order):
             stage = chunk * p + self.place.stage
             if kind == "F":
                 x = self.inputs[micro] if stage == 0 else recv("F", micro, stage - 1)
@@ -285,15 +300,22 @@ class TrainStep:
                     for i, ctx in zip(reversed(self.chunks[chunk]), reversed(ctxs)):
                         dy, grads = self.layers[i].backward(ctx, dy)
                         self.flat.add_grads(self.slot[i], grads)
+                        if self.overlap and k == self.final[chunk]:
+                            span = self.flat.span(self.slot[i])
+                            reducing.append((span, *self.coll.iallreduce(self.flat.grads[span], AXES["dp"])))
                 if stage:
                     send(dy, "B", micro, stage, stage - 1)
         with self.clock("p2p"):
             self.coll.wait(sends)
+        with self.clock("dp"):
+            self.coll.wait([req for _, req, _ in reducing])
+            for span, _, out in reducing:
+                self.flat.grads[span] = out
         self.clock.seconds["phase"] += time.perf_counter() - t0
 
     def reduce(self) -> None:
         cfg, flat = self.cfg, self.flat
-        if cfg.d == 1:
+        if cfg.d == 1 or self.overlap:
             return
         if cfg.zero:
             shard = self.coll.reduce_scatter(flat.grads.reshape(cfg.d, -1), AXES["dp"])
@@ -313,7 +335,7 @@ class TrainStep:
         """(phase, run) of each phase this configuration has, in order."""
         c = self.cfg
         out = [(Phase("pipeline", c.p > 1 or c.t > 1), self.pipeline)]
-        if c.d > 1:
+        if c.d > 1 and not self.overlap:
             out.append((Phase("reduce", True), self.reduce))
         out.append((Phase("update", False), self.update))
         if c.zero and c.d > 1:

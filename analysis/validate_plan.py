@@ -78,8 +78,8 @@ def plan(args, cfg, layers: list, cal, mesh):
 
 def training_configs(devices: int) -> list[Config]:
     """The configurations `validate --training` runs by default: every (p, t, d) of the devices, each with 1F1B and
-    micro-batches of 1 and of 2 sequences, interleaved (v = 2) where p > 1 and ZeRO 1 where d > 1 (the model's
-    problem() then drops those it cannot run)."""
+    micro-batches of 1 and of 2 sequences, interleaved (v = 2) where p > 1, and ZeRO 1 and DP overlap where d > 1
+    (the model's problem() then drops those it cannot run)."""
     out = []
     for p in divisors(devices):
         for t in divisors(devices // p):
@@ -88,5 +88,5 @@ def training_configs(devices: int) -> list[Config]:
             if p > 1:
                 out.append(replace(base, schedule=PipelineSchedule("interleaved", 2)))
             if base.d > 1:
-                out.append(replace(base, zero=1))
+                out += [replace(base, zero=1), replace(base, dp_overlap=True)]
     return out

@@ -30,7 +30,7 @@ from microbench.topology import nodes_of
 PARTS = (("compute", ("compute_s", "recompute_s"), ("compute_s",)),
          ("tp", ("tp_comm_s",), ("tp_s",)),
          ("pp+bubble", ("pp_comm_s", "bubble_s"), ("wait_s",)),
-         ("dp", ("dp_exposed_s",), ("reduce_s", "gather_s")),
+         ("dp", ("dp_exposed_s",), ("reduce_s", "overlap_wait_s", "gather_s")),
          ("optimizer", ("optimizer_s",), ("update_s",)))
 """Each part of a step: its predicted columns (analysis.training.Step) and its measured ones (a row's measured_*)."""
 
@@ -109,13 +109,15 @@ def main(args, cfg, model, cal) -> int:
 def _row(model, step: Step, train: TrainStep, bench: Bench, timed, world) -> dict:
     """A configuration's predicted and measured step, by part. The pipeline phase's median splits by the clock of
     its busiest device (the most time in passes): compute is that device's share in passes less their tensor-parallel
-    collectives, tp the collectives' share, wait the rest (messages and the bubble on the critical path)."""
+    collectives, tp the collectives' share, overlap_wait that of waiting for the overlapped gradient all-reduces at
+    the end, wait the rest (messages and the bubble on the critical path)."""
     c = step.config
     phase = dict(zip((it.entry.name for it in bench.prog.items), timed.item_median_s))
     shares = np.stack(world.allgather(train.clock.shares()))
-    compute, tp, _ = shares[int(np.argmax(shares[:, :2].sum(axis=1)))] * phase["pipeline"]
-    measured = {"pipeline_s": phase["pipeline"], "compute_s": compute, "tp_s": tp,
-                "p2p_s": float(shares[:, 2].max() * phase["pipeline"]), "wait_s": phase["pipeline"] - compute - tp,
+    compute, tp, _, dp = shares[int(np.argmax(shares[:, :2].sum(axis=1)))] * phase["pipeline"]
+    measured = {"pipeline_s": phase["pipeline"], "compute_s": compute, "tp_s": tp, "overlap_wait_s": dp,
+                "p2p_s": float(shares[:, 2].max() * phase["pipeline"]),
+                "wait_s": phase["pipeline"] - compute - tp - dp,
                 **{f"{k}_s": phase.get(k, 0.0) for k in ("reduce", "update", "gather")}}
     total = timed.total.median
     pred_compute = step.compute_s + step.recompute_s + step.optimizer_s

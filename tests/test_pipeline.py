@@ -140,7 +140,7 @@ MIXES = ["t=1,p=4,d=1,mb=1,schedule=gpipe", "t=1,p=4,d=1,mb=1,schedule=1f1b", "t
          "t=1,p=2,d=2,mb=1,schedule=interleaved,v=2", "t=2,p=2,d=1,mb=2,schedule=1f1b",
          "t=1,p=4,d=1,mb=1,schedule=interleaved,v=2",
          "t=1,p=2,d=2,mb=1,schedule=1f1b,zero=1", "t=2,p=1,d=2,mb=2,zero=1", "t=4,p=1,d=1,mb=2",
-         "t=1,p=1,d=4,mb=1"]
+         "t=1,p=1,d=4,mb=1", "t=1,p=2,d=2,mb=1,overlap=1", "t=2,p=1,d=2,mb=2,overlap=1"]
 
 
 @pytest.mark.mpi
@@ -183,7 +183,7 @@ def test_validate_training_ranks_configurations_with_the_ranking_metrics(tmp_pat
     """benchmarks.pipeline with a calibration runs `validate --training` twice on 4 ranks and prints each run's
     metrics and each run scored as the other's prediction; the directory holds predicted and measured parts."""
     cal, out = calibration(tmp_path / "cal.json"), tmp_path / "val" / "validate"
-    configs = ["t=1,p=4,d=1,mb=1", "t=2,p=2,d=1,mb=2", "t=1,p=1,d=4,mb=1,zero=1", "t=4,p=1,d=1,mb=1"]
+    configs = ["t=1,p=4,d=1,mb=1", "t=2,p=2,d=1,mb=2", "t=1,p=1,d=4,mb=1,zero=1", "t=1,p=1,d=4,mb=1,overlap=1"]
     more = shlex.join([*FAST, *[a for c in configs for a in ("--config", c)]])
     proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--launch", shlex.join(mpiexec_argv(4)),
                            "--calibration", cal, "--model", MODEL, "--out", str(out.parent), "--validate-args", more],
@@ -201,7 +201,10 @@ def test_validate_training_ranks_configurations_with_the_ranking_metrics(tmp_pat
     np.testing.assert_allclose(parts, frame["predicted_s"], rtol=1e-9)
     assert frame.loc[frame["p"] == 1, "predicted_bubble_s"].eq(0).all()
     assert frame.loc[frame["p"] == 4, "predicted_bubble_s"].gt(0).all()
-    assert frame.loc[frame["d"] == 4, "measured_reduce_s"].gt(0).all() and frame.loc[frame["t"] == 1, "measured_tp_s"].eq(0).all()
+    overlap = frame["dp_overlap"]
+    assert frame.loc[(frame["d"] == 4) & ~overlap, "measured_reduce_s"].gt(0).all()
+    assert frame.loc[overlap, "measured_reduce_s"].eq(0).all() and frame.loc[overlap, "measured_overlap_wait_s"].gt(0).all()
+    assert frame.loc[frame["t"] == 1, "measured_tp_s"].eq(0).all()
     steps = pd.read_parquet(out / "steps.parquet")
     assert set(steps["part"]) == {"compute", "tp", "pp+bubble", "dp", "optimizer"} and len(steps) == 4 * 5
     np.testing.assert_allclose(steps.groupby("strategy", sort=False)["predicted_s"].sum().to_numpy(),
