@@ -2,10 +2,13 @@
 micro-batch's activations received from the previous stage and its gradients from the next by point-to-point
 messages in the order analysis.schedules gives the device (GPipe, 1F1B, interleaved), then the gradients reduced
 over the data-parallel replicas (all-reduce, or ZeRO 1's reduce-scatter), the Adam update of what the device owns and
-ZeRO 1's parameter all-gather. A stack of layers is anything with `layers`, `layer(i, t, index, allreduce, dtype)`
-(an object with `params`, `forward(x) -> (y, ctx)` and `backward(ctx, dy) -> (dx, grads)`), `shard(i, arrays, t,
-index)`, `data(seed)` and `width`; TransformerStack is the one `commcal validate --training` runs. A single float64
-process of the same layers is the reference. Array module `xp` is a parameter; nothing here imports MPI."""
+ZeRO 1's parameter all-gather. The layers are generic: a stack is anything with `layers` (their count), `width`
+(activation columns), `batch` and `seq` (activation rows: batch x seq), `data(seed)` ({"weights": a dict of arrays
+per layer, "X": input, "R": output gradient}), `shard(i, arrays, t, index)` (tensor-parallel member `index` of t's
+share of layer i's weights or gradients) and `layer(i, params, allreduce, xp)`: an object whose `forward(x)` returns
+(y, ctx) and `backward(ctx, dy)` (dx, weight gradients by name), `allreduce` summing a partial result over the
+tensor-parallel group. TransformerStack is the one `commcal validate --training` runs. A single float64 process of
+the same layers is the reference. Array module `xp` is a parameter; nothing here imports MPI."""
 
 from __future__ import annotations
 
@@ -213,6 +216,13 @@ class Adam:
         w -= self.lr * self.m / (xp.sqrt(self.v) + self.eps)
 
 
+def unsupported(cfg: Config) -> str | None:
+    """Why the harness cannot run configuration cfg, or None."""
+    if cfg.zero > 1 or cfg.sp or cfg.recompute != "none" or (cfg.dp_overlap and cfg.zero):
+        return "the harness runs ZeRO 0 and 1 without SP or recomputation, and DP overlap with ZeRO 0 only"
+    return None
+
+
 class TrainStep:
     """One configuration's training step on this device, in phases the harness times apart: `pipeline` (every
     pass of the schedule with its messages), `reduce` (the gradients over the replicas), `update` (Adam on what this
@@ -223,8 +233,8 @@ class TrainStep:
     receiving stage all-gathers it over the tensor-parallel group."""
 
     def __init__(self, stack, data: dict, cfg: Config, place: Place, coll, xp=np, dtype="float32", clock=None):
-        if cfg.zero > 1 or cfg.sp or cfg.recompute != "none" or (cfg.dp_overlap and cfg.zero):
-            raise ValueError(f"{cfg}: the harness runs ZeRO 0-1 without SP or recomputation, DP overlap with ZeRO 0")
+        if unsupported(cfg):
+            raise ValueError(f"{cfg}: {unsupported(cfg)}")
         self.cfg, self.place, self.coll, self.xp, self.stack = cfg, place, coll, xp, stack
         self.dtype = np.dtype(dtype)
         self.clock = clock or Clock()

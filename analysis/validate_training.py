@@ -16,7 +16,7 @@ from analysis import ranking
 from analysis.harness import TOLERANCE, Bench, NumericsError
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Item, Program, Runner
-from analysis.harness_pipeline import Place, TrainStep, TransformerStack, reference
+from analysis.harness_pipeline import Place, TrainStep, TransformerStack, reference, unsupported
 from analysis.options import nics_per_node, report_fallbacks
 from analysis.training import Step, TrainingPricer
 from analysis.validate_plan import training_configs
@@ -45,6 +45,8 @@ def price(args, model, cal, world, hosts) -> tuple[TrainingPricer, list[Step], l
         raise UsageError(f"no training configuration of {model.name} runs on {world.size} ranks")
     steps = [pricer.price(c) for c in configs]
     for s in steps:
+        if unsupported(s.config):
+            raise UsageError(f"configuration {s.config}: {unsupported(s.config)}")
         if not s.feasible:
             raise UsageError(f"configuration {s.config} cannot run {model.name}: {s.reason}")
         if not math.isfinite(s.total_s):

@@ -225,6 +225,7 @@ def test_validate_training_ranks_configurations_with_the_ranking_metrics(tmp_pat
     (["--config", "t=1,p=2,d=1,mb=1"], "--config needs --training"),
     (["--training", MODEL, "--config", "t=1,p=3,d=1,mb=1"], "not the 2 devices"),
     (["--training", MODEL, "--layer", "linear"], "not both"),
+    (["--training", MODEL, "--config", "t=1,p=1,d=2,mb=1,zero=2"], "ZeRO 0 and 1"),
 ])
 def test_validate_training_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     proc = run_mpi(2, ["validate", calibration(tmp_path / "cal.json"), "--out", str(tmp_path / "v"), *args, *FAST])
