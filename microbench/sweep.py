@@ -18,6 +18,7 @@ from microbench.ops import COMM_DTYPE, Layout, Op, compute_phase, itemsize
 from microbench.records import PointKey, PointSummary
 from microbench.sizes import format_size
 from microbench.stats import StopRule, pooled_estimate, round_spread
+from microbench.switches import Topology
 from microbench.topology import Group, group_for, groups_per_node, tiles
 
 
@@ -39,6 +40,7 @@ class SweepConfig:
     gap_ms: float = 0.0
     after_gemm: int = 0
     method: str = "commcal"      # methods.METHODS: commcal's own timing, or a peer's (a reference mode)
+    topology: Topology = Topology()   # the job's switch levels (restricted to its nodes); flat: one inter level
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,10 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
         counts = (2,) if op.kind == "p2p" else cfg.procs
         for link in cfg.links:
             for p in counts:
-                group = group_for(link, p, hosts) if p >= 2 or (p == 1 and link == "intra") else None
+                group = group_for(link, p, hosts, cfg.topology) if p >= 2 or (p == 1 and link == "intra") else None
                 if group is None:
                     continue
-                together = tiles(link, p, hosts) if cfg.concurrent else (group,)
+                together = tiles(link, p, hosts, cfg.topology) if cfg.concurrent else (group,)
                 per_node = groups_per_node(together, hosts)
                 dtype = method.dtype(op.name)
                 for size in cfg.sizes:
