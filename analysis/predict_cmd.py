@@ -20,14 +20,14 @@ from analysis.summary import chain_steps
 from analysis.training_view import add_training_arguments, run_predict
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
-from microbench.links import LINK_CLASSES
+from microbench.links import is_link
 from microbench.sizes import format_size, parse_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
     p.add_argument("--op", help="operation, e.g. allreduce, allgather, pingpong")
-    p.add_argument("--link", choices=LINK_CLASSES, help="link class")
+    p.add_argument("--link", help="link class: intra, inter, inter2..inter9 (switch levels), spread")
     p.add_argument("--procs", type=int, help="process count")
     p.add_argument("--bytes", help="size in the nccl-tests convention, e.g. 64M")
     p.add_argument("--after-compute", action="store_true",
@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
     if missing:
         raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")
+    if not is_link(args.link):
+        raise UsageError(f"--link {args.link!r} is not a link class (intra, inter, inter2..inter9, spread)")
     nbytes = parse_size(args.bytes)
     if args.after_compute and not cal.after_gemm:
         raise UsageError(f"{args.calibration} has no after-compute models (fit with --after-compute RUN_DIR)")

@@ -40,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_training_arguments(p, predict=False)
 
 
+def axis_links(pricer: Pricer) -> list[dict]:
+    """Each mesh axis's group shape and the link class (topology level) that prices its collectives."""
+    return [{"axis": a.axis, "size": a.size, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node,
+             "level": a.level, "link": a.link} for a in pricer.mesh.axes]
+
+
 def run(args: argparse.Namespace) -> int:
     from calib.calibration import load_calibration
 
@@ -70,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
     cd_total = chain_cost(tables, cd)
     out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
                coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0},
-               fallbacks=fallbacks)
+               fallbacks=fallbacks, axes=axis_links(pricer))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"model {args.model}: {len(model.layers)} layers on mesh {mesh}; calibration {args.calibration}")
+    print("mesh axes: " + "; ".join(f"{a['axis']} ({a['size']}) on {a['link']}" for a in out["axes"]))
     print(f"predicted step time {fmt_s(out['total_s'])} = compute {fmt_s(out['compute_s'])} + communication "
           f"{fmt_s(out['comm_s'])}")
     for key, s in out["comm_by_collective"].items():

@@ -18,11 +18,12 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
-provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown)."""
+provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown;
+12 added topology, the switch levels, and the link classes inter2..inter9; absent: flat, one inter level)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -182,6 +183,14 @@ class Calibration:
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
         return {k: dict(v) for k, v in self.result.link_classes.items()}
+
+    def switch_spans(self) -> tuple[int, ...]:
+        """Nodes under one switch at each switch level (1 up), the fewest of any switch of that level, as a mesh
+        places its nodes (analysis.mesh): () for a flat calibration (no topology, or one level)."""
+        levels = (self.result.topology or {}).get("levels", [])
+        if len(levels) < 2:
+            return ()
+        return tuple(min(len(g) for g in lv["groups"]) for lv in levels)
 
     def groups_per_node(self, link: str) -> int:
         """How many groups of `link` per node ran at once when it was measured (1 before sweep --concurrent)."""

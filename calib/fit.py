@@ -17,7 +17,7 @@ from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.segments import Points, fit_piecewise
 from microbench.errors import UsageError
-from microbench.links import MEANING
+from microbench.links import meaning
 from microbench.ops import LOCAL_OPS
 
 
@@ -166,7 +166,7 @@ def _link_classes(points: pd.DataFrame) -> dict:
     out = {}
     for link, sub in points[~points["op"].isin(LOCAL_OPS)].groupby("link"):
         shapes = sub[["procs", "nodes", "ranks_per_node"]].drop_duplicates().sort_values("procs")
-        out[str(link)] = {"meaning": MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
+        out[str(link)] = {"meaning": meaning(str(link)), "nodes": int(shapes["nodes"].max()),
                           "ranks_per_node": int(shapes["ranks_per_node"].max()),
                           "procs": sorted({int(p) for p in shapes["procs"]}),
                           "groups_per_node": int(sub["groups_per_node"].max()),
@@ -245,4 +245,4 @@ def fit_result(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | No
         provenance={"run_ids": [r["run_id"] for r in all_runs], "runs": list(all_runs)},
         link_classes=_link_classes(pts), models=models, hockney=tuple(hockney), p2p=p2p_of(models, P2P_OPS),
         gemm=gemm_rates(pts[pts["op"] == "gemm"]), warnings=tuple(warnings), after_compute=after_models,
-        copy=copy_rate(pts[pts["op"] == "copy"]))
+        copy=copy_rate(pts[pts["op"] == "copy"]), topology=runs.topology)

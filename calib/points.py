@@ -12,9 +12,10 @@ import pandas as pd
 
 from microbench import records
 from microbench.errors import UsageError
-from microbench.links import LINK_CLASSES
+from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
+from microbench.switches import Topology
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
          "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
@@ -33,6 +34,7 @@ class RunSet:
     points: pd.DataFrame
     runs: tuple[dict, ...]
     notes: tuple[str, ...]            # warnings about the runs, one line each: points left out, CPU steal
+    topology: dict | None = None      # the switch levels the runs measured on (run.json topology); None: flat
 
 
 def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
@@ -114,7 +116,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     sizes = records.positive(pts["requested_bytes"]) & records.positive(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),
-        ("not a link class", pts["link"].isin(LINK_CLASSES)),
+        ("not a link class", pts["link"].map(is_link)),
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
         ("a process, node or group count that is not a whole number >= 1", counts),
         ("a size that is not a positive number", sizes),
@@ -124,7 +126,8 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     return pts.astype({c: "int64" for c in (*_COUNTS, "requested_bytes", "size_bytes", "wrong")}), notes
 
 
-def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
+def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]:
+    """(usable points, provenance, notes, the switch levels from run.json or None where flat or unrecorded)."""
     meta = records.read_run_json(run_dir)
     summary = records.load_summary(run_dir)
     try:
@@ -157,7 +160,18 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     pts["run_id"] = run_id
     backend = meta.get("backend") if isinstance(meta.get("backend"), str) else "mpi"
     pts["backend"] = pts["backend"].fillna(backend).astype(str)
-    return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir)
+    return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir), _levels(meta, run_dir)
+
+
+def _levels(meta: dict, run_dir: Path) -> dict | None:
+    """run.json's topology where it has switch levels (sweeps since calibration version 12), else None (flat)."""
+    topo = meta.get("topology")
+    if not isinstance(topo, dict) or not topo.get("levels"):
+        return None
+    try:
+        return Topology.from_json(topo).to_json()
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{run_dir}/run.json: malformed topology (expected source and levels[].groups)") from None
 
 
 def check_pages(runs) -> None:
@@ -176,12 +190,18 @@ def method(run: dict) -> str:
 def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool = False) -> RunSet:
     """All points of the given runs; UsageError on a bad directory, a mix of backends without --backend, or a mix
     of timing methods (a peer's loop mean is not commcal's median) unless mix_methods."""
-    frames, runs, notes = [], [], []
+    frames, runs, notes, topologies = [], [], [], {}
     for d in run_dirs:
-        pts, prov, why = _one_run(Path(d))
+        pts, prov, why, topo = _one_run(Path(d))
         frames.append(pts)
         runs.append(prov)
         notes += why
+        if topo is not None:
+            topologies.setdefault(repr(topo["levels"]), (d, topo))
+    if len(topologies) > 1:
+        (a, _), (b, _) = list(topologies.values())[:2]
+        raise UsageError(f"runs {a} and {b} were measured on different switch trees (run.json topology); fit them "
+                         f"separately")
     caches, gaps, gemms = (sorted({r[name] for r in runs}) for name in ("cache", "gap_ms", "after_gemm"))
     if len(caches) > 1:
         raise UsageError(f"runs mix {' and '.join(caches)} buffers (sweep --cache); fit them separately")
@@ -216,4 +236,5 @@ def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool
         raise UsageError(f"runs mix concurrent and one-rank {op} measurements of {dtype}; fit them separately")
     for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes", "groups", "groups_per_node"):
         points[col] = points[col].astype("int64")
-    return RunSet(points.reset_index(drop=True), tuple(runs), tuple(notes))
+    topology = next(iter(topologies.values()))[1] if topologies else None
+    return RunSet(points.reset_index(drop=True), tuple(runs), tuple(notes), topology)

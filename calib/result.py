@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 11
+VERSION = 12
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -246,7 +246,7 @@ def p2p_of(models: Models, p2p_ops) -> dict[str, dict[str, PointToPoint]]:
 @dataclass(frozen=True, eq=False)
 class CalibrationResult:
     """A whole calibration: models by (op, link) in file order (by op, then link), the after-compute models, Hockney rows, point-to-point
-    parameters, GEMM and copy rates, device memory (None: unknown), warnings; `fit`, `provenance` and `link_classes` are the file's objects."""
+    parameters, GEMM and copy rates, device memory (None: unknown), warnings; `fit`, `provenance`, `link_classes` and `topology` are the file's objects."""
 
     created_utc: str
     backend: str
@@ -262,6 +262,7 @@ class CalibrationResult:
     copy: CopyRate | None = None
     memory_bytes: float | None = None
     version: int = VERSION
+    topology: dict | None = None    # the switch levels the sweeps measured on (version >= 12); None: flat
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", _grouped(self.models))
@@ -271,10 +272,11 @@ class CalibrationResult:
         after = {} if self.after_compute is None else {"after_compute": self.after_compute.to_json()}
         copy_rate = {} if self.copy is None else {"copy": self.copy.to_json()}
         memory = {} if self.memory_bytes is None else {"memory_bytes": self.memory_bytes}
+        topology = {} if self.topology is None else {"topology": deepcopy(self.topology)}
         return {
             "schema": SCHEMA, "version": self.version, "created_utc": self.created_utc, "backend": self.backend,
             "fit": deepcopy(self.fit), "provenance": deepcopy(self.provenance),
-            "link_classes": deepcopy(self.link_classes), "models": _models_to_json(self.models), **after,
+            **topology, "link_classes": deepcopy(self.link_classes), "models": _models_to_json(self.models), **after,
             "hockney": [h.to_json() for h in self.hockney],
             "p2p": {op: {link: q.to_json() for link, q in by.items()} for op, by in self.p2p.items()},
             "compute": {"gemm": {dt: g.to_json() for dt, g in self.gemm.items()}, **memory, **copy_rate},
@@ -297,7 +299,7 @@ class CalibrationResult:
                    {dt: GemmRate.from_json(g) for dt, g in data["compute"]["gemm"].items()}, tuple(data["warnings"]),
                    None if after is None else AfterCompute.from_json(after),
                    None if copy_rate is None else CopyRate.from_json(copy_rate), data["compute"].get("memory_bytes"),
-                   data["version"])
+                   data["version"], deepcopy(data.get("topology")))
 
     @classmethod
     def of(cls, cal) -> "CalibrationResult":

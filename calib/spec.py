@@ -23,7 +23,7 @@ from calib.algorithms import CANDIDATES, P2P_OPS
 from calib.result import CalibrationResult, CopyRate, GemmRate, p2p_of
 from calib.synthetic import TrueModel, exact_models, link_shape
 from microbench.errors import UsageError
-from microbench.links import MEANING
+from microbench.links import meaning
 from microbench.ops import itemsize
 
 SPEC_SCHEMA = "commcal.spec"
@@ -87,7 +87,7 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
     for link, tier in classes.items():
         procs = _procs(link, tier["devices"], per_node)
         shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *_shape(link, p, per_node)))) for p in procs]
-        links[link] = {"meaning": MEANING[link], "nodes": max(s["nodes"] for s in shapes),
+        links[link] = {"meaning": meaning(link), "nodes": max(s["nodes"] for s in shapes),
                        "ranks_per_node": max(s["ranks_per_node"] for s in shapes), "procs": procs, "shapes": shapes,
                        "groups_per_node": 1 if link == "intra" else per_node}
         line = TrueModel.line(tier["latency_us"] * 1e-6, 1.0 / (tier["bandwidth_GBps"] * 1e9 * tier["efficiency"]))

@@ -16,7 +16,7 @@ from calib.algorithms import CANDIDATES, P2P_OPS, algorithm
 from calib.result import (AfterCompute, CalibrationResult, Candidate, GemmRate, HeldOut, Model, p2p_of)
 from calib.result import Segment as FitSegment
 from microbench import records
-from microbench.links import MEANING
+from microbench.links import meaning
 from microbench.atomic import atomic_write, atomic_write_json, atomic_write_text
 from microbench.ops import COMM_DTYPE, OPS, gemm_flops, itemsize
 
@@ -83,7 +83,7 @@ def synthetic_result(models: dict, links: dict[str, list[int]] | None = None,
     link_classes = {}
     for link, procs in links.items():
         shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *link_shape(link, p)))) for p in sorted(procs)]
-        link_classes[link] = {"meaning": MEANING[link], "nodes": max(s["nodes"] for s in shapes),
+        link_classes[link] = {"meaning": meaning(link), "nodes": max(s["nodes"] for s in shapes),
                               "ranks_per_node": max(s["ranks_per_node"] for s in shapes),
                               "procs": sorted(procs), "shapes": shapes}
     return CalibrationResult(
