@@ -24,7 +24,8 @@
 #   COMMCAL_OPS         operations, e.g. allreduce,allgather,pingpong (default: all)
 #   COMMCAL_SIZES       message sizes, e.g. 8:16M or 8,1K,1M,4M (default: the preset's)
 #   COMMCAL_PROCS       process counts, e.g. 2,4 (default: powers of two up to the job, and the job)
-#   COMMCAL_LINKS       link classes: intra,inter,spread (default: all the allocation can form)
+#   COMMCAL_LINKS       link classes: intra,inter,inter2..,spread (default: all the allocation can form;
+#                       switch levels from `scontrol show topology`, or --topology FILE in COMMCAL_SWEEP_ARGS)
 #   COMMCAL_BACKEND     mpi | mpi-cuda | nccl (default mpi)
 #   COMMCAL_TARGET_CI, COMMCAL_POINT_BUDGET   the sweep's stopping rule (--target-ci, --point-budget)
 #   COMMCAL_SWEEP_ARGS  more `commcal sweep` arguments, verbatim
