@@ -57,9 +57,12 @@ def test_racks_are_routed_and_slurm_knows_the_tree(racks):
         assert f"10.77.{rack}.{i}/24" in addrs, addrs
     qdisc = racks.run("exec", "node1", "tc", "qdisc", "show", "dev", "eth0").stdout
     assert "tbf" in qdisc and f"{RACK_MBIT}Mbit" in qdisc, qdisc
-    # a cross-rack packet takes one router hop: TTL 64 arrives as 63; in-rack ones arrive untouched
-    assert "ttl=63" in racks.run("exec", "node1", "ping", "-c1", "-W2", "10.77.2.3").stdout
-    assert "ttl=64" in racks.run("exec", "node1", "ping", "-c1", "-W2", "10.77.1.2").stdout
+    # a node reaches its own rack directly and the other rack through the router
+    assert "via 10.77.1.254" in racks.run("exec", "node1", "ip", "route", "get", "10.77.2.3").stdout
+    assert "via" not in racks.run("exec", "node1", "ip", "route", "get", "10.77.1.2").stdout
+    qdisc = subprocess.run(["ip", "netns", "exec", "commcal-router", "tc", "qdisc", "show", "dev", "r-rack2"],
+                           capture_output=True, text=True).stdout
+    assert "tbf" in qdisc and f"{SPINE_MBIT}Mbit" in qdisc, qdisc
     shown = racks.run("scontrol", "show", "topology").stdout
     assert tree(parse_switches(shown, "scontrol"), "slurm").levels == RACKS, shown
     conf = (racks.state / "topology.conf").read_text()
