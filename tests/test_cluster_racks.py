@@ -18,7 +18,7 @@ import pytest
 
 from conftest import VENV_BIN, run_cli
 from microbench.switches import parse_switches, tree
-from test_cluster import CLUSTER, SWEEP, Cluster, _missing
+from test_cluster import SWEEP, brought_up
 
 pytestmark = pytest.mark.cluster
 
@@ -32,22 +32,9 @@ PINGPONG_SIZES = "8,512,4K,32K,256K,512K,1M,2M,3M,4M"
 
 @pytest.fixture(scope="module")
 def racks(tmp_path_factory):
-    why = _missing()
-    if why:
-        pytest.skip(why)
-    base = tmp_path_factory.mktemp("racks")
-    c = Cluster(base / "state", base / "work")
-    c.work.mkdir()
-    if "commcal-ctl" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
-        pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
-    try:
-        t0 = time.monotonic()
-        c.run("up", "--nodes", "4", "--racks", "2", "--rate", f"{RACK_MBIT}mbit", "--rack-rate", f"{SPINE_MBIT}mbit",
-              "--cpus", "2", timeout=120)
-        print(f"4-node 2-rack cluster up in {time.monotonic() - t0:.1f} s")
+    with brought_up(tmp_path_factory, "racks", "--nodes", "4", "--racks", "2", "--rate", f"{RACK_MBIT}mbit",
+                    "--rack-rate", f"{SPINE_MBIT}mbit", "--cpus", "2") as c:
         yield c
-    finally:
-        subprocess.run([str(CLUSTER), "down"], env=c.env, capture_output=True, text=True, timeout=120)
 
 
 def test_racks_are_routed_and_slurm_knows_the_tree(racks):
@@ -116,10 +103,16 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
     res = json.loads(proc.stdout)
     assert [(a["link"], a["level"]) for a in res["axes"]] == [("inter2", 2), ("inter", 1), ("intra", 0)], res["axes"]
     assert res["fallbacks"] == []
-    used = {key.split("/")[1] for key in res["comm_by_collective"]}
-    priced = {link: run_cli(["predict", str(cal), "--op", "allgather", "--link", link, "--procs", "2", "--bytes",
-                             "64K", "--json"]) for link in ("inter", "inter2")}
-    seconds = {link: json.loads(p.stdout)["seconds"] for link, p in priced.items()}
-    print(f"search 2x2x2 priced collectives on {sorted(used)}; allgather 64K: inter {seconds['inter'] * 1e3:.2f} ms, "
-          f"inter2 {seconds['inter2'] * 1e3:.2f} ms")
+    # data parallel on every axis: the gradient's reduction crosses each level, each step priced on its axis's level
+    proc = run_cli(["predict", str(cal), "--layer", "linear:m=4096,k=512,n=512", "--strategy", "m.m.m", "--mesh",
+                    "2x2x2", "--json", "--strict"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [st for st in json.loads(proc.stdout)["steps"] if st["kind"] == "comm"]
+    assert {(st["axis"], st["link"], st["priced_link"]) for st in steps} == \
+        {(0, "inter2", "inter2"), (1, "inter", "inter"), (2, "intra", "intra")}, steps
+    seconds = {link: json.loads(run_cli(["predict", str(cal), "--op", "allgather", "--link", link, "--procs", "2",
+                                         "--bytes", "64K", "--json"]).stdout)["seconds"] for link in ("inter", "inter2")}
+    priced = ", ".join(f"{st['op']}/{st['priced_link']}" for st in steps)
+    print(f"m.m.m on 2x2x2: {priced}; allgather 64K: inter {seconds['inter'] * 1e3:.2f} ms, inter2 "
+          f"{seconds['inter2'] * 1e3:.2f} ms")
     assert seconds["inter2"] > 1.3 * seconds["inter"], seconds
