@@ -18,7 +18,7 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
@@ -261,6 +261,13 @@ class Calibration:
         """The hardware spec the calibration was written from (provenance origin), or None for a measured one."""
         return next((r["origin"]["spec"] for r in self.result.provenance["runs"] if "spec" in r.get("origin", {})),
                     None)
+
+    def gemm_wave(self, dtype: str) -> tuple[int, int, int] | None:
+        """(tiles per wave, tile rows, tile cols) of the device's GEMMs (calibrations from a spec that gives them,
+        version >= 12), or None: no wave quantization priced."""
+        self.gemm_flops_per_s(dtype)
+        g = self.result.gemm[dtype]
+        return None if g.wave_tiles is None else (int(g.wave_tiles), int(g.tile_rows), int(g.tile_cols))
 
     def gemm_latency_s(self, dtype: str) -> float:
         """Per-call overhead of a local product (0 in calibrations before version 3)."""

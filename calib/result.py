@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 11
+VERSION = 12
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -178,7 +178,8 @@ class PointToPoint(Record):
 
 @dataclass(frozen=True)
 class GemmRate(Record):
-    """A dtype's saturated GEMM rate, its peak, where it saturates, and the per-call latency (version >= 3)."""
+    """A dtype's saturated GEMM rate, its peak, where it saturates, the per-call latency (version >= 3), and the
+    output tiles of rows x cols one wave of the device runs at once (version >= 12; absent: no wave quantization)."""
 
     flops_per_s: float
     peak_flops_per_s: float
@@ -186,6 +187,9 @@ class GemmRate(Record):
     n_points: int
     latency_s: float | None = field(default=None, metadata=OPTIONAL)
     groups_per_node: int | None = field(default=None, metadata=OPTIONAL)
+    wave_tiles: int | None = field(default=None, metadata=OPTIONAL)
+    tile_rows: int | None = field(default=None, metadata=OPTIONAL)
+    tile_cols: int | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
