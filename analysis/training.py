@@ -58,6 +58,7 @@ class Terms:
     kernel_passes: bool = True      # each backward kernel counted (off: twice the forward's traffic)
     optimizer_passes: bool = True   # the mixed-precision optimizer's passes (off: Adam's alone)
     pp_gather: bool = True          # scatter/gather's all-gather after each pipeline message (no SP)
+    sp_regather: bool = True        # SP's backward all-gathers of the sharded norm outputs, counted like the rest
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,8 @@ class TrainingPricer:
             tp_fwd = 2 * (self._comm(pricer, "allgather", "tp", act) + self._comm(pricer, "reduce_scatter", "tp", act))
         else:
             tp_fwd = 2 * self._comm(pricer, "allreduce", "tp", act)
-        layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd, tp_fwd if c.recompute == "full" else 0.0)
+        regather = 2 * self._comm(pricer, "allgather", "tp", act) if c.sp and self.terms.sp_regather else 0.0
+        layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd + regather, tp_fwd if c.recompute == "full" else 0.0)
         one_way = 0.0 if t == 1 else self._comm(pricer, "reduce_scatter" if c.sp else "allreduce", "tp", act)
         embed = _Layer(traffic(2 * tokens * h), traffic(2 * tokens * h), 0.0, one_way, 0.0, 0.0)
         logits = [(1, tokens, V // t, h)]

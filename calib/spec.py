@@ -156,6 +156,11 @@ def _shape(link: str, procs: int, per_node: int) -> tuple[int, int]:
 
 def load_spec(path) -> CalibrationResult:
     """Read a spec file (or a shipped one by name, e.g. 'selene') into its calibration."""
+    return from_spec(read_spec(path), str(path))
+
+
+def read_spec(path) -> dict:
+    """The JSON of a spec file, or of a shipped one by name (e.g. 'selene')."""
     p = Path(path)
     if not p.exists() and p.suffix == "":
         shipped = Path(__file__).with_name(f"{p.name}.spec.json")
@@ -166,4 +171,4 @@ def load_spec(path) -> CalibrationResult:
         raise UsageError(f"{path}: cannot read spec ({exc.strerror or exc})") from None
     except ValueError as exc:
         raise UsageError(f"{path}: not valid JSON ({exc})") from None
-    return from_spec(spec, str(path))
+    return spec
