@@ -6,14 +6,19 @@ per device from a calibration. Pure. docs/training.md derives each term; in shor
   groups span prices its collectives through analysis.pricing (one definition per collective, link sharing
   included): axis 0 carries the pipeline's point-to-point messages, axis 1 the data-parallel and ZeRO collectives,
   axis 2 the tensor-parallel ones.
-- Compute is every GEMM of a layer (forward; backward twice each) at the calibration's GEMM model, latency plus
-  flops at the rate, so small GEMMs run below peak; memory-bound kernels (norms, softmax, dropout, GeLU) move
-  their bytes at the local copy rate. Recomputation repeats the attention core (selective) or the forward (full).
+- Compute is every GEMM of a layer by shape (forward; backward its input and weight gradients) at the
+  calibration's GEMM model, latency plus flops at the rate over the share of SMs its waves of output tiles keep
+  busy, or its operands' and result's bytes at the copy rate where longer (a roofline); memory-bound kernels
+  (norms, softmax, dropout, GeLU, bias gradients, copies) move their bytes at the copy rate, each counted forward
+  and backward. Recomputation repeats the attention core (selective) or the forward (full).
 - Tensor parallelism all-reduces the activation twice each way per layer, or with sequence parallelism
-  reduce-scatters and all-gathers it; full recomputation repeats the forward ones.
+  reduce-scatters and all-gathers it (and all-gathers the sharded norm outputs again in the backward); full
+  recomputation repeats the forward ones. Collectives Megatron overlaps with GEMMs count in full.
 - A step is m micro-batches through the slowest stage, plus the schedule's bubble, plus its point-to-point
-  messages (1/t of the activation each: Megatron's scatter/gather), plus the data-parallel collectives not hidden
-  behind the backward pass, plus the optimizer (Adam: its bytes at the copy rate).
+  messages (1/t of the activation each, all-gathered at the receiver without SP: Megatron's scatter/gather), plus
+  the data-parallel collectives not hidden behind the backward pass, plus the optimizer (Megatron's mixed-precision
+  Adam step: its bytes at the copy rate).
+- Terms names these modelling choices so that benchmarks.published can show what each does to the error.
 - Memory per device (the first stage, which holds the most): fp16 parameters and gradients and fp32 Adam states
   (ZeRO 1 shards the states, 2 the gradients too, 3 the parameters too) and activations by Korthikanti et al. 2022
   (Table 2, by recomputation and sequence parallelism) times the schedule's in-flight micro-batches."""
