@@ -58,7 +58,7 @@ class Terms:
     each off in turn to show what it does to the error against published runs (docs/training.md)."""
 
     gemm_traffic: bool = True       # a GEMM's operands and result at the copy rate where that is longer (roofline)
-    gemm_waves: bool = True         # output tiles in whole waves over the SMs
+    gemm_waves: bool = True         # output in whole tiles, in whole waves over the SMs
     kernels: bool = True            # memory-bound kernels priced (off: free)
     kernel_passes: bool = True      # each backward kernel counted (off: twice the forward's traffic)
     optimizer_passes: bool = True   # the mixed-precision optimizer's passes (off: Adam's alone)
@@ -292,14 +292,15 @@ class TrainingPricer:
         return total
 
     def _waves(self, bt: int, m: int, n: int) -> float:
-        """The share of the device's SMs a GEMM keeps busy over its waves of output tiles (1: no quantization)."""
+        """The share of the tile slots a GEMM's output fills: whole tiles (tile quantization) in whole waves of one tile
+        per SM (wave quantization); 1 where the calibration gives no tiles."""
         if self._wave is None or not self.terms.gemm_waves:
             return 1.0
         per_wave, rows, cols = self._wave
         best = 0.0
         for tm, tn in ((rows, cols), (cols, rows)):         # the library picks the better orientation
-            waves = bt * -(-m // tm) * -(-n // tn) / per_wave
-            best = max(best, waves / math.ceil(waves))
+            slots = math.ceil(bt * -(-m // tm) * -(-n // tn) / per_wave) * per_wave * tm * tn
+            best = max(best, bt * m * n / slots)
         return best
 
     def _traffic(self, elements: float) -> float:
