@@ -18,11 +18,12 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
-provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown)."""
+provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown;
+12 added models[op][link].launch_spread; absent: no point was measured in more than one MPI launch)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

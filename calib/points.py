@@ -17,7 +17,7 @@ from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
-         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
+         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node", "launches", "launch_spread")
 SECONDS = (1e-12, 1e6)
 """The samples a fit uses: times a timed call can take, a picosecond to 11.6 days. Samples outside (zero or negative
 times, or absurd ones from a file edited by hand) are left out, and so are points left with none: the fit weighs each
