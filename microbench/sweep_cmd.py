@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrent", action="store_true",
                    help="measure every disjoint group of a shape at once (as all groups of a mesh axis run in "
                         "training) instead of one group while the other ranks wait")
-    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks")
+    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks, for trying commcal out: "
+                       "calibrations from it rank strategies worse, and validate says so")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
     add_backend_argument(p)
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
