@@ -1,5 +1,5 @@
 """Topology levels, pure: Slurm's topology.conf and `scontrol show topology` read as switch levels, the groups the
-sweep forms to cross exactly one level, a calibration recording the levels (version 12; older files still read),
+sweep forms to cross exactly one level, a calibration recording the levels (version 14; older files still read),
 and pricing that places a mesh on them (each axis of a 3-level mesh on its own level; a missing level falls back,
 said on stderr and in JSON)."""
 
@@ -133,7 +133,7 @@ def three_levels(drop: str | None = None) -> dict:
 
 def test_each_axis_of_a_3_level_mesh_is_priced_on_its_level():
     cal = calibration_from_dict(three_levels())
-    assert cal.data["version"] == 12 and cal.switch_spans() == (2, 4)
+    assert cal.data["version"] == 14 and cal.switch_spans() == (2, 4)
     pricer = Pricer(cal, Mesh((2, 2, 2), 2))
     n = 1 << 20
     for axis, link in enumerate(("inter2", "inter", "intra")):
@@ -168,7 +168,7 @@ def test_search_on_a_3_level_mesh_names_each_axis_level(tmp_path):
 
 def test_older_calibrations_still_read_and_bad_levels_are_refused(tmp_path):
     flat = synthetic_calibration({("allreduce", "inter"): (2e-5, 1e-8)}, gemm={"float32": 1e10})
-    old = dict(flat, version=11)
+    old = dict(flat, version=13)
     cal = calibration_from_dict(old)
     assert cal.switch_spans() == () and cal.result.topology is None
     assert [a.link for a in Pricer(cal, Mesh((2, 2, 2), 2)).mesh.axes] == ["inter", "inter", "intra"]
