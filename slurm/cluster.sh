@@ -29,7 +29,8 @@
 # nodeK holds eth0 = 10.77.0.K/24. With --racks R, rack r's nodes hold eth0 = 10.77.r.K/24 on bridge
 # brr (in ctl, layer 2 only) and route through a "router" namespace (10.77.r.254 on each rack, 10.77.0.253
 # on br0, IP forwarding), whose egress into each rack is tbf-limited at --rack-rate: in-rack traffic
-# meets a node's --rate, cross-rack traffic also the router's --rack-rate (docs/slurm.md, "Racks"). Each namespace has a small anchor process (sleep) that owns
+# meets a node's --rate, cross-rack traffic also the router's --rack-rate (docs/slurm.md, "Racks").
+# Each namespace has a small anchor process (sleep) that owns
 # its UTS (hostname) and mount namespace (private /etc/hosts); daemons and commands enter all
 # three namespaces with nsenter. A local unreachable route for 10.77.0.0/24 in the root
 # namespace makes anything started in the wrong namespace fail at once.
