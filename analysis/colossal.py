@@ -34,13 +34,15 @@ from functools import partial
 import numpy as np
 
 from analysis import kernels
-from analysis.layers import OPTIMIZER_STATES, Compute, Linear, Schedule, Sigs
+from analysis.layers import OPTIMIZER_STATES, Compute, Linear, Schedule, Sigs, Strategy
 from analysis.mesh import Mesh
 from analysis.redistribute import adjoint, plan, volume
 from analysis.sbp import B, P, Signature, Split, indivisible, local_shape
 
 KINDS = ("1d-col", "1d-row", "2d", "2.5d", "3d")
 PREFIX = "cai-"
+ROOTED = ("bcast", "reduce")
+"""The collectives of a grid schedule beyond those of redistribution plans (analysis.redistribute.COLLECTIVES)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,23 @@ class Grid:
         return PREFIX + self.kind
 
 
+@dataclass(frozen=True)
+class Framed:
+    """The SBP strategy `sbp` run from and to a grid strategy's placements (its input, output and gradients
+    redistributed by the cheapest plans, its weight stored as the grid stores it, in natural row order): the same
+    computation, so that the two can be compared in communication (`framed`)."""
+
+    sbp: Strategy
+    grid: Grid
+
+    choices = ()
+    sharded_weights = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.sbp.id}@{self.grid.id}"
+
+
 def fits(kind: str, shape: tuple[int, ...]) -> bool:
     """Whether a mesh of `shape` is the kind's grid: p; q x q; d x q x q with d >= 2; q x q x q."""
     if kind.startswith("1d"):
@@ -68,8 +87,13 @@ def fits(kind: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 3 and shape[0] == shape[1] == shape[2]
 
 
-def strategies(mesh: Mesh) -> list[Grid]:
-    return [Grid(k) for k in KINDS if fits(k, mesh.shape)]
+def strategies(layer: Linear, mesh: Mesh) -> list:
+    """The grid strategies the mesh admits, each followed by its SBP equivalent (`framed`) where it has one."""
+    out = []
+    for g in (Grid(k) for k in KINDS if fits(k, mesh.shape)):
+        twin = framed(layer, g, mesh)
+        out += [g, twin.strategy] if twin else [g]
+    return out
 
 
 S0, S1 = Split(0), Split(1)
@@ -82,21 +106,25 @@ _SIGS = {  # x, y (= dy), dx, the weight as stored (= its gradient)
 }
 
 
-def sigs(g: Grid) -> Sigs:
-    x, y, dx, _ = _SIGS[g.kind]
+def _grid(s: Grid | Framed) -> Grid:
+    return s.grid if isinstance(s, Framed) else s
+
+
+def sigs(s: Grid | Framed) -> Sigs:
+    x, y, dx, _ = _SIGS[_grid(s).kind]
     return Sigs(x, y, y, dx)
 
 
-def weight_sig(g: Grid) -> Signature:
+def weight_sig(s: Grid | Framed) -> Signature:
     """Where the stored weight and its gradient lie (rows in `stored_order`)."""
-    return _SIGS[g.kind][3]
+    return _SIGS[_grid(s).kind][3]
 
 
-def stored_order(g: Grid, w: np.ndarray, mesh_shape: tuple[int, ...]) -> np.ndarray:
+def stored_order(g: Grid | Framed, w: np.ndarray, mesh_shape: tuple[int, ...]) -> np.ndarray:
     """The weight (or its gradient) with its rows in the order the strategy stores them: cai-3d swaps the two
     digits of the row block index (k/q^2 rows a block), so that device (i, j, l) holds block l*q + i; the others
     keep the natural order. The swap is its own inverse."""
-    if g.kind != "3d":
+    if not isinstance(g, Grid) or g.kind != "3d":
         return w
     q = mesh_shape[0]
     k = w.shape[0]
@@ -109,7 +137,7 @@ class Rooted:
     all groups at once; priced like any collective by its op's model at the axis's link class (the nccl-tests
     size of bcast and reduce is the whole buffer)."""
 
-    op: str                       # bcast | reduce
+    op: str                       # one of ROOTED
     axis: int
     root: int
     group_size: int
@@ -138,7 +166,7 @@ class GridSchedule(Schedule):
     buffers: tuple = ()
 
 
-def _infeasible(g: Grid, reason: str) -> GridSchedule:
+def _infeasible(g: Grid | Framed, reason: str) -> GridSchedule:
     return GridSchedule(g, feasible=False, reason=reason, memory_bytes=math.inf)
 
 
@@ -252,3 +280,43 @@ def words_moved(steps, mesh: Mesh, itemsize: int) -> float:
     """Elements the schedule's collectives move over all ranks, by bandwidth-optimal algorithms: each rank's
     buffer times the op's volume (analysis.redistribute.volume), summed over the mesh's devices."""
     return sum(volume(st.op, st.group_size) * st.bytes_per_rank for st in steps if st.is_comm) * mesh.devices / itemsize
+
+
+def framed(layer: Linear, g: Grid, mesh: Mesh, need_dx: bool = True) -> GridSchedule | None:
+    """The schedule of the SBP strategy that computes what `g` computes from and to the same placements with the
+    fewest words moved (ties: the first in the layer's order); None where no SBP strategy stores the weight as `g`
+    does or the grid does not fit."""
+    if not fits(g.kind, mesh.shape):
+        return None
+    found = [framed_schedule(layer, Framed(s, g), mesh, need_dx) for s in layer.strategies(mesh)
+             if layer.weight_sigs(s)[1] == weight_sig(g)]
+    found = [sc for sc in found if sc.feasible]
+    return min(found, key=lambda sc: words_moved(sc.steps, mesh, layer.itemsize), default=None)
+
+
+def framed_schedule(layer: Linear, f: Framed, mesh: Mesh, need_dx: bool = True) -> GridSchedule:
+    """f's SBP schedule between its grid's placements: the input (and output gradient) redistributed to the SBP
+    strategy's placements, its own schedule, its output (and input gradient) redistributed back."""
+    inner = layer.schedule(f.sbp, mesh, need_dx)
+    if not inner.feasible:
+        return _infeasible(f, inner.reason)
+    want, have, isz = sigs(f), layer.sigs(f.sbp), layer.itemsize
+    edges = [plan(layer.in_shape, isz, want.x, have.x, mesh), plan(layer.out_shape, isz, have.y, want.y, mesh),
+             plan(layer.out_shape, isz, want.dy, have.dy, mesh), plan(layer.in_shape, isz, have.dx, want.dx, mesh)]
+    bad = next((e.reason for e in edges if not e.feasible), None)
+    if bad:
+        return _infeasible(f, bad)
+    fwd = [*_steps(edges[0], "X", "X"), *_weight_phase(inner.forward), *_steps(edges[1], "Y", "Y")]
+    bwd = [*_steps(edges[2], "dY", "dY"), *_weight_phase(inner.backward),
+           *(_steps(edges[3], "dX", "dX") if need_dx else [])]
+    return GridSchedule(f, tuple(e for e, _ in fwd), tuple(e for e, _ in bwd), inner.memory_bytes,
+                        buffers=tuple(b for _, b in fwd + bwd))
+
+
+def _weight_phase(phase) -> list:
+    """An SBP linear phase's entries with their buffers: the stored weight (Wst) gathered into W before the first
+    product, the weight gradient redistributed in place after the last (as analysis.harness_exec runs them)."""
+    first = next(i for i, e in enumerate(phase) if isinstance(e, Compute))
+    last = max(i for i, e in enumerate(phase) if isinstance(e, Compute))
+    return ([(e, ("Wst" if i == 0 else "W", "W")) for i, e in enumerate(phase[:first])]
+            + [(e, None) for e in phase[first:last + 1]] + [(e, ("dW", "dW")) for e in phase[last + 1:]])

@@ -115,7 +115,7 @@ class Runner:
         and the outputs to check against the schedule's own kernels run on the whole float64 data."""
         dtype = np.dtype(dtype)
         s = sched.strategy
-        if isinstance(s, colossal.Grid):
+        if isinstance(sched, colossal.GridSchedule):
             return self._grid(layer, sched, data, dtype)
         inputs = {name: self.shard(data[name], sig, dtype) for name, sig in layer.data_sigs(s).items()}
         reference = {name: data[name].astype(np.float64) for name in layer.data_shapes()}
@@ -136,12 +136,14 @@ class Runner:
         return Program(tuple(items), inputs, outputs)
 
     def _grid(self, layer: Linear, sched: colossal.GridSchedule, data: dict, dtype) -> Program:
-        """A Colossal-AI schedule (analysis.colossal): each entry on the buffers it names, the weight sharded in the
-        strategy's stored row order; checked against the plain product of the whole float64 arrays."""
+        """A Colossal-AI schedule or its SBP equivalent (analysis.colossal): each entry on the buffers it names, the
+        weight (W, also named Wst) sharded in the strategy's stored row order; checked against the plain product of
+        the whole float64 arrays."""
         g, shape = sched.strategy, self.mesh.shape
         s, wsig = colossal.sigs(g), colossal.weight_sig(g)
         inputs = {"X": self.shard(data["X"], s.x, dtype), "dY": self.shard(data["dY"], s.dy, dtype),
                   "W": self.shard(colossal.stored_order(g, data["W"], shape), wsig, dtype)}
+        inputs["Wst"] = inputs["W"]
         ref = {name: data[name].astype(np.float64) for name in ("X", "W", "dY")}
         for kernel in (kernels.linear_forward, kernels.linear_input_grad, kernels.linear_weight_grad):
             kernel(np, ref)

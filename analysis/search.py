@@ -73,7 +73,8 @@ class Tables:
 class Tabulator:
     """Builds Tables, caching schedules by layer shape and plan prices by (tensor, src, dst). `selection` picks the
     strategies priced (analysis.strategies); None: every SBP strategy and every Colossal-AI one whose collectives the
-    calibration has models for on some link class (the others go to `left_out`: id -> why)."""
+    calibration has models for on some link class (the others go to `left_out`: id -> why), not their SBP
+    equivalents (the chain prices the SBP strategies with their redistributions already)."""
 
     def __init__(self, pricer: Pricer, selection: Selection | None = None):
         self.pricer = pricer
@@ -105,8 +106,9 @@ class Tabulator:
     def _wanted(self, sc: Schedule) -> bool:
         if self.selection is not None:
             return self.selection.picks(sc.strategy)
-        if tp.family(sc.strategy) == "sbp":
-            return True
+        fam = tp.family(sc.strategy)
+        if fam != "cai":
+            return fam == "sbp"
         cal, axes = self.pricer.cal, self.pricer.mesh.axes
         lacking = sorted({st.op for st in sc.steps if st.is_comm and resolve(cal, st.op, axes[st.axis].link) is None})
         if lacking:

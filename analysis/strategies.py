@@ -11,26 +11,32 @@ from analysis.layers import Layer, Linear, Schedule, Sigs
 from analysis.mesh import Mesh
 from microbench.errors import UsageError
 
-FAMILIES = ("sbp", "cai")
+FAMILIES = ("sbp", "cai", "cai-sbp")
+"""sbp: the layer's SBP strategies; cai: Colossal-AI's; cai-sbp: each Colossal-AI strategy's SBP equivalent from and
+to its placements (colossal.Framed, id SBP@cai-KIND), for comparing the two (validate runs it; search has the SBP
+strategy itself)."""
 
 
 def family(s) -> str:
-    return "cai" if isinstance(s, colossal.Grid) else "sbp"
+    return {colossal.Grid: "cai", colossal.Framed: "cai-sbp"}.get(type(s), "sbp")
 
 
 def strategies(layer: Layer, mesh: Mesh) -> list:
-    """Every strategy of the layer on the mesh: the SBP ones, then the Colossal-AI ones its grid admits."""
-    return layer.strategies(mesh) + (colossal.strategies(mesh) if isinstance(layer, Linear) else [])
+    """Every strategy of the layer on the mesh: the SBP ones, then the Colossal-AI ones its grid admits, each with
+    its SBP equivalent."""
+    return layer.strategies(mesh) + (colossal.strategies(layer, mesh) if isinstance(layer, Linear) else [])
 
 
 def schedule(layer: Layer, s, mesh: Mesh, need_dx: bool = True) -> Schedule:
     if isinstance(s, colossal.Grid):
         return colossal.schedule(layer, s, mesh, need_dx)
+    if isinstance(s, colossal.Framed):
+        return colossal.framed_schedule(layer, s, mesh, need_dx)
     return layer.schedule(s, mesh, need_dx)
 
 
 def sigs(layer: Layer, s) -> Sigs:
-    return colossal.sigs(s) if isinstance(s, colossal.Grid) else layer.sigs(s)
+    return colossal.sigs(s) if family(s) != "sbp" else layer.sigs(s)
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default where the calibration does not say)")
     p.add_argument("--strategies", default="sbp", metavar="LIST",
                    help="the strategies run: families (sbp: the SBP strategies; cai: Colossal-AI's tensor-parallel "
-                        "linear layers cai-1d-col, cai-1d-row, cai-2d, cai-2.5d, cai-3d where the mesh is their grid) "
-                        "and strategy ids, comma-separated, e.g. sbp,cai or cai-2d,m.n/ws (default: sbp)")
+                        "linear layers cai-1d-col, cai-1d-row, cai-2d, cai-2.5d, cai-3d where the mesh is their grid; "
+                        "cai-sbp: each one's SBP equivalent between the same placements, id SBP@cai-KIND) and "
+                        "strategy ids, comma-separated, e.g. cai,cai-sbp or cai-2d,m.n/ws (default: sbp)")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"({PRESETS.say('max_strategies')})")
