@@ -283,14 +283,15 @@ def words_moved(steps, mesh: Mesh, itemsize: int) -> float:
 
 
 def framed(layer: Linear, g: Grid, mesh: Mesh, need_dx: bool = True) -> GridSchedule | None:
-    """The schedule of the SBP strategy that computes what `g` computes from and to the same placements with the
-    fewest words moved (ties: the first in the layer's order); None where no SBP strategy stores the weight as `g`
-    does or the grid does not fit."""
+    """The schedule of the SBP strategy that computes what `g` computes from and to the same placements, with the
+    same flops per device (not replicating the products), and moves the fewest words (ties: the first in the
+    layer's order); None where no SBP strategy stores the weight as `g` does or the grid does not fit."""
     if not fits(g.kind, mesh.shape):
         return None
+    work = _flops(schedule(layer, g, mesh, need_dx))
     found = [framed_schedule(layer, Framed(s, g), mesh, need_dx) for s in layer.strategies(mesh)
              if layer.weight_sigs(s)[1] == weight_sig(g)]
-    found = [sc for sc in found if sc.feasible]
+    found = [sc for sc in found if sc.feasible and _flops(sc) <= work]
     return min(found, key=lambda sc: words_moved(sc.steps, mesh, layer.itemsize), default=None)
 
 
@@ -311,6 +312,10 @@ def framed_schedule(layer: Linear, f: Framed, mesh: Mesh, need_dx: bool = True) 
            *(_steps(edges[3], "dX", "dX") if need_dx else [])]
     return GridSchedule(f, tuple(e for e, _ in fwd), tuple(e for e, _ in bwd), inner.memory_bytes,
                         buffers=tuple(b for _, b in fwd + bwd))
+
+
+def _flops(sched: Schedule) -> float:
+    return sum(e.flops for e in sched.steps if isinstance(e, Compute))
 
 
 def _weight_phase(phase) -> list:

@@ -95,7 +95,7 @@ class Tabulator:
                     strategies.append(s)
                     schedules.append(sc)
             comm, comp = self.pricer.price([sc.steps for sc in schedules])
-            bad = np.array([not sc.feasible for sc in schedules])
+            bad = np.array([not sc.feasible for sc in schedules], dtype=bool)
             comm[bad] = np.inf
             comp[bad] = np.inf
             mem = np.array([sc.memory_bytes for sc in schedules], dtype=float)
