@@ -448,6 +448,50 @@ def test_mpirun_leaves_ranks_unbound_unless_asked_to_bind_them_to_cores(cluster)
     assert set(first) < set(cpus) and set(second) < set(cpus), bound
 
 
+CAI_LAYER = (256, 256, 256)       # m, k, n of the linear layer the 2D validate runs
+
+
+def test_sbatch_validate_sh_runs_colossal_2d_across_the_nodes_with_priced_bytes(cluster):
+    """Colossal-AI's 2D SUMMA (cai-2d) and its SBP equivalent on a 2x2 mesh of 2 nodes x 2 ranks: a sweep of the
+    collectives they use (bcast, reduce for SUMMA; allgather, reduce-scatter for m.n/ws), then slurm/validate.sh
+    with --strategies cai-2d,cai-sbp. Both run with correct numerics on both nodes; every rank hands collectives
+    exactly the bytes priced (the hand count for SUMMA: 3 products x q steps x an X block and a W block); the W
+    broadcasts and dW reductions run on mesh axis 0, across the nodes, and each takes at least its bytes' time at
+    the injected link rate."""
+    out = cluster.work / "cai"
+    env = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter", "COMMCAL_OPS": "bcast,reduce,allgather,"
+           "reduce_scatter,gemm", "COMMCAL_SIZES": "4K,32K,256K,1M", "COMMCAL_OUT_DIR": str(out),
+           "COMMCAL_RUN_NAME": "run", "COMMCAL_REPORT": "0"}
+    t0 = time.monotonic()
+    job = cluster.sbatch("-o", "cai-sweep-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(job, 420)
+    assert ok, f"{text}\n{(cluster.work / f'cai-sweep-{job}.out').read_text()}\n{cluster.logs()}"
+    cal = next(out.glob("localcluster-*.json"))
+    m, k, n = CAI_LAYER
+    vout = out / "validate"
+    env = {"COMMCAL_CALIBRATION": str(cal), "COMMCAL_VALIDATE_OUT": str(vout), "COMMCAL_PRESET": "full",
+           "COMMCAL_VALIDATE_ARGS": f"--mesh 2x2 --layer linear:m={m},k={k},n={n} --strategies cai-2d,cai-sbp "
+                                    "--budget 0.5 --rounds 2 --refine-rounds 0"}
+    job = cluster.sbatch("-o", "cai-validate-%j.out", str(REPO / "slurm" / "validate.sh"), env=env)
+    ok, text = cluster.wait(job, 420)
+    log = (cluster.work / f"cai-validate-{job}.out").read_text()
+    assert ok and "numerics ok" in log, f"{text}\n{log}\n{cluster.logs()}"
+    print(f"colossal 2D sweep and validate: {time.monotonic() - t0:.0f} s")
+    run = json.loads((vout / "run.json").read_text())
+    assert sorted(set(run["hosts"])) == list(NODES)
+    frame = pd.read_csv(vout / "strategies.csv").set_index("strategy")
+    print(frame[["predicted_s", "measured_s", "predicted_comm_s", "measured_comm_s", "comm_bytes", "sent_bytes"]])
+    assert set(frame.index) == {"cai-2d", "m.n/ws@cai-2d"}
+    assert (frame["sent_bytes"] == frame["comm_bytes"]).all()
+    assert frame.loc["cai-2d", "comm_bytes"] == 4 * 3 * 2 * (m * k + k * n) // 4
+    steps = pd.read_csv(vout / "steps.csv")
+    rooted = steps[(steps["strategy"] == "cai-2d") & steps["op"].isin(["bcast", "reduce"])]
+    assert len(rooted) == 12 and set(rooted.loc[rooted["axis"] == 0, "link"]) == {"inter"}
+    assert set(rooted.loc[rooted["axis"] == 1, "link"]) == {"intra"}
+    inter = rooted[rooted["link"] == "inter"]
+    assert (inter["measured_s"] >= inter["size_bytes"] / EXPECTED_BPS).all(), inter
+
+
 def test_down_stops_everything_and_is_safe_twice(cluster):
     anchors = [int((cluster.state / "pids" / f"anchor-{n}.pid").read_text()) for n in ("ctl", *NODES)]
     cluster.run("down", timeout=120)
