@@ -40,6 +40,9 @@ def main(args, cfg, layers, cal) -> int:
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}; host allocator {allocator}, pages {pages}", flush=True)
+    advice = list(cal.path_advice())
+    for line in advice:
+        say(f"warning: {line}", flush=True)
     slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
     if slowdown is not None and (warning := memcopy.advice(slowdown)):
         say(f"warning: {warning}", flush=True)
@@ -77,8 +80,8 @@ def main(args, cfg, layers, cal) -> int:
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
-               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2)},
-               fallbacks)
+               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
+                "calibration_advice": advice}, fallbacks)
     return 0
 
 
@@ -167,6 +170,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "page_policy: huge-page advice of the harness's numpy arrays (validate --page-policy)",
                   "fallbacks: collectives priced by another link class's models than their mesh axis's (wanted), "
                   "which the calibration lacks",
+                  "calibration_advice: ways the calibration was made that are known to rank strategies worse than "
+                  "the default path (a quick preset, one MPI launch between nodes)",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

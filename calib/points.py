@@ -17,7 +17,7 @@ from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
-         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
+         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node", "launches", "launch_spread")
 SECONDS = (1e-12, 1e6)
 """The samples a fit uses: times a timed call can take, a picosecond to 11.6 days. Samples outside (zero or negative
 times, or absurd ones from a file edited by hand) are left out, and so are points left with none: the fit weighs each
@@ -56,7 +56,16 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
             "method": records.timing_method(meta),
             **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {}),
-            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {})}
+            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {}), **_sweep_path(meta)}
+
+
+def _sweep_path(meta: dict) -> dict:
+    """A sweep's preset and launch count as the calibration keeps them (empty for imports and runs that predate the
+    records: unknown)."""
+    options, resumed = meta.get("options"), meta.get("resumed_at")
+    if not isinstance(options, dict) or "quick" not in options or not isinstance(resumed, list):
+        return {}
+    return {"preset": "quick" if options["quick"] else "default", "launches": 1 + len(resumed)}
 
 
 def _thread_level(meta: dict) -> dict | None:

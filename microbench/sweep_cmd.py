@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrent", action="store_true",
                    help="measure every disjoint group of a shape at once (as all groups of a mesh axis run in "
                         "training) instead of one group while the other ranks wait")
-    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks")
+    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks, for trying commcal out: "
+                       "calibrations from it rank strategies worse, and validate says so")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
     add_backend_argument(p)
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
                          concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
         meta["memcpy_alias_slowdown"] = round(slowdown, 2)
         meta["mpi_thread_level"] = record(threads)
-        run_id = meta["run_id"]
+        run_id, launch = meta["run_id"], len(meta["resumed_at"])
         store.start(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
@@ -229,10 +230,10 @@ def run(args: argparse.Namespace) -> int:
         if warning := memcopy.advice(slowdown):
             print(f"warning: {warning}", flush=True)
     else:
-        run_id, done = None, {}
-    run_id, done = world.bcast((run_id, done), root=0)
+        run_id, done, launch = None, {}, 0
+    run_id, done, launch = world.bcast((run_id, done, launch), root=0)
     counters = provenance.cpu_counters()
-    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend)
+    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend, launch)
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         store.consolidate()

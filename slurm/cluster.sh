@@ -75,12 +75,11 @@ mpi_defaults() {
   # the environment); set them yourself to override.
   export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_btl=${OMPI_MCA_btl:-self,sm,tcp}
   export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-  # Eager TCP sends up to 64 MiB. Above the eager limit a send waits for the receiver's rendezvous
-  # ACK, which travels on the one socket of the rank pair, queued behind that rank's own outgoing
-  # fragments: in an exchange both ways (allgather, sendrecv) one direction then often waits for
-  # the other to finish. At the default 64 KiB, 1-4 MiB exchanges on a 400mbit link took 1x, 1.5x
-  # or 2x the wire time, the mode changing between launches; eager, 1.01-1.10x in every launch.
-  export OMPI_MCA_btl_tcp_eager_limit=${OMPI_MCA_btl_tcp_eager_limit:-67108864}
+  # Open MPI's own TCP eager limit (64 KiB), as a user's cluster has it. Above it a send waits for
+  # the receiver's rendezvous ACK, queued on the pair's one socket behind the other direction's
+  # data, so exchanges both ways may take 1x-2x the wire time, the mode changing between launches;
+  # the sweep measures every point in two launches to see that (docs/troubleshooting.md). Export
+  # OMPI_MCA_btl_tcp_eager_limit yourself to choose another limit (an option, not the default).
   # Vector memcpy, not REP MOVSB: on this host's AMD EPYC with glibc 2.36, a 4-128 KiB copy whose destination
   # starts 16 B past its source modulo 4 KiB (as numpy's back-to-back arrays do) ran 4-13x slower
   # (`python -m microbench.memcopy`), so intra-node collectives timed by where buffers happened to lie.

@@ -403,3 +403,24 @@ def test_world_size_not_matching_slurm_tasks_is_refused(tmp_path):
     assert "MPI world has 1 ranks but Slurm started 2 tasks" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_spread(tmp_path):
+    """The default path's sweep runs its rounds in two MPI launches (a run and its resumption): every sample names
+    its launch, every point pools both with their spread, and the calibration keeps the spread per model."""
+    out, cal = tmp_path / "run", tmp_path / "cal.json"
+    args = ["sweep", "--out", str(out), "--ops", "allreduce,pingpong", "--sizes", "1K:64K", *FAST]
+    run_mpi(2, [*args, "--rounds", "1"], check=True)
+    run_mpi(2, [*args, "--rounds", "2", "--resume"], check=True)
+    summary, samples = load_summary(out), load_samples(out)
+    assert (summary.launches == 2).all() and (summary.rounds == 2).all()
+    assert set(samples["launch"]) == {0, 1} and (samples["launch"] == samples["round"]).all()
+    for pid, g in samples.groupby("point_id"):
+        row = summary.set_index("point_id").loc[pid]
+        medians = [g[g.launch == k].time_s.median() for k in (0, 1)]
+        assert row.launch_spread == pytest.approx(abs(medians[0] - medians[1]) / 2 / row.median_s, rel=1e-6)
+    run_cli(["fit", str(out), "--out", str(cal)], check=True)
+    model = load_calibration(cal).result.models[("pingpong", "intra")]
+    spread = model.launch_spread
+    assert spread is not None and spread.launches == 2 and spread.n_points == 7
+    assert spread.max == pytest.approx(summary[summary.op == "pingpong"].launch_spread.max())
