@@ -51,9 +51,6 @@ class Grid:
 
     kind: str
 
-    choices = ()
-    sharded_weights = False
-
     @property
     def id(self) -> str:
         return PREFIX + self.kind
@@ -67,9 +64,6 @@ class Framed:
 
     sbp: Strategy
     grid: Grid
-
-    choices = ()
-    sharded_weights = False
 
     @property
     def id(self) -> str:

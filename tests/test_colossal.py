@@ -205,3 +205,23 @@ def test_search_lists_colossal_strategies_beside_sbp(tmp_path, capsys):
                                        "--strict"])
     assert code == 0 and err == ""
     assert "not priced: cai-2d (the calibration has no bcast, reduce model on any link class)" in out
+
+
+def test_predict_prints_a_grid_strategy_step_by_step(tmp_path, capsys):
+    """`commcal predict --layer --strategy cai-2d --mesh 2x2`: each broadcast and reduction with its root, priced
+    by the calibration (the layer is a model's first, so no dX products: 2 steps of 2 broadcasts, then 2 of a
+    broadcast and a reduction)."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(cal_dict()))
+    code, out, err = run_main(capsys, ["predict", str(cal), "--layer", "linear:m=64,k=32,n=48", "--strategy",
+                                       "cai-2d", "--mesh", "2x2", "--json"])
+    assert code == 0 and err == ""
+    steps = [s for s in json.loads(out)["steps"] if s["where"] == "linear forward" or s["where"] == "linear backward"]
+    calls = [(s["op"], s["axis"], s["root"], s["link"]) for s in steps if s["kind"] == "comm"]
+    assert calls == [("bcast", 1, 0, "intra"), ("bcast", 0, 0, "inter"), ("bcast", 1, 1, "intra"),
+                     ("bcast", 0, 1, "inter"), ("bcast", 1, 0, "intra"), ("reduce", 0, 0, "inter"),
+                     ("bcast", 1, 1, "intra"), ("reduce", 0, 1, "inter")]
+    assert all(s["seconds"] > 0 for s in steps)
+    code, out, _ = run_main(capsys, ["predict", str(cal), "--layer", "linear:m=64,k=32,n=48", "--strategy",
+                                     "cai-2d", "--mesh", "2x2"])
+    assert code == 0 and "bcast axis 0 (inter, 2 ranks) W(1,j) from member 1 1536 B/rank" in out
