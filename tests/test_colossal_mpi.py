@@ -69,10 +69,11 @@ def test_grids_and_their_sbp_equivalents_run_with_correct_numerics_and_priced_by
 
 def test_a_layer_without_the_strategies_asked_for_and_a_missing_bcast_model_are_one_line(tmp_path):
     cal = calibration(tmp_path / "cal.json", OPS[:4])
-    for args, says in ((["--layer", "embedding:vocab=16,dim=8,tokens=16", "--strategies", "cai"],
-                        "layer embedding.embed has none of the strategies --strategies cai picks on mesh 2x2"),
-                       (["--layer", "linear:m=8,k=8,n=8", "--strategies", "cai-2d"], "has no bcast model on any link")):
-        proc = run_mpi(4, ["validate", cal, "--mesh", "2x2", "--out", str(tmp_path / "v"), *args, *FAST])
+    for ranks, mesh, args, says in (
+            (2, "2", ["--layer", "embedding:vocab=16,dim=8,tokens=16", "--strategies", "cai"],
+             "layer embedding.embed has none of the strategies --strategies cai picks on mesh 2"),
+            (1, "1x1", ["--layer", "linear:m=8,k=8,n=8", "--strategies", "cai-2d"], "has no bcast model on any link")):
+        proc = run_mpi(ranks, ["validate", cal, "--mesh", mesh, "--out", str(tmp_path / "v"), *args, *FAST])
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
