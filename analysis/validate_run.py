@@ -66,7 +66,8 @@ def main(args, cfg, layers, cal) -> int:
             steals = coll.world_max(np.array([-1.0 if t.cpu_steal is None else t.cpu_steal for t in timings]))
             for (i, why, bench), timed, steal in zip(benches, timings, steals):
                 timed = replace(timed, cpu_steal=float(steal) if steal >= 0 else None)   # the most stolen host
-                rows.append(_row(name, layer, opts, i, why, bench.prog, timed) | {"refined": i in refined})
+                rows.append(_row(name, layer, opts, i, why, bench.prog, timed)
+                            | {"refined": i in refined, "sent_bytes": bench.sent_bytes})
                 steps += _step_rows(name, opts.schedules[i].strategy.id, bench.prog, timed, pricer)
             say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
                 + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
@@ -105,6 +106,8 @@ def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
 
 
 def _row(name, layer, opts, i, why, prog, timed) -> dict:
+    """One strategy's predicted and measured figures; comm_bytes: the bytes per rank its collectives' buffers hold
+    (sent_bytes, beside it, is what the harness counted)."""
     comm_steps = sum(it.is_comm for it in prog.items)
     return {"layer": name, "kind": type(layer).__name__, "strategy": opts.strategies[i].id, "selected": why,
             "predicted_s": float(opts.time_s[i]), "predicted_comm_s": float(opts.comm_s[i]),
@@ -113,7 +116,8 @@ def _row(name, layer, opts, i, why, prog, timed) -> dict:
             "measured_ci_high_s": timed.total.ci_high, "measured_comm_s": timed.comm.median,
             "measured_compute_s": timed.compute.median, "samples": timed.total.samples,
             "target_met": timed.target_met, "rounds": timed.rounds, "round_spread": timed.round_spread,
-            "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err, "cpu_steal": timed.cpu_steal}
+            "comm_steps": comm_steps, "comm_bytes": sum(it.entry.bytes_per_rank for it in prog.items if it.is_comm),
+            "max_rel_err": timed.max_rel_err, "cpu_steal": timed.cpu_steal}
 
 
 def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
