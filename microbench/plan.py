@@ -11,7 +11,10 @@ from dataclasses import dataclass
 
 from microbench.errors import UsageError
 from microbench.schedule import round_count
-from microbench.stats import StopRule
+from microbench.stats import StopRule, median_ci_ranks
+
+MIN_CI_SAMPLES = next(n for n in range(1, 100) if median_ci_ranks(n))
+"""The fewest samples with a 95% CI of the median: a visit cannot meet its target with fewer."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,10 @@ def visit_s(per_iter_s: float, rule: StopRule) -> tuple[float, float]:
     """(quiet, worst) seconds of one visit under `rule` (a visit's share): warm-up as the driver does it, then the
     minimum samples where the CI target is met at once, or the whole budget where it never is."""
     warm = 2 + int(min(20, 0.05 * rule.budget_s / max(per_iter_s, 1e-9)))
-    quiet = (warm + rule.min_samples) * per_iter_s
+    samples = rule.min_samples
+    while samples < MIN_CI_SAMPLES:              # the batches StopRule.next_batch plans until a CI exists
+        samples += max(samples // 2, 8)
+    quiet = (warm + samples) * per_iter_s
     return quiet, max(quiet, rule.budget_s + warm * per_iter_s)
 
 
