@@ -1,0 +1,78 @@
+"""`sbatch slurm/scan.sh` on a 4-node local cluster whose node3 alone has a slower link: the scan must name node3
+and no other node, flag exactly node3's pairs, and measure the other pairs at the payload share of the tbf rate.
+Needs what tests/test_cluster.py needs (root, iproute2, Slurm); its own cluster, brought down at the end."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from itertools import combinations
+
+import pytest
+
+from conftest import REPO, run_cli
+from microbench.scanfile import read_scan
+from test_cluster import CLUSTER, EXPECTED_BPS, RATE_MBIT, Cluster, _missing
+
+pytestmark = pytest.mark.cluster
+
+NODES = ("node1", "node2", "node3", "node4")
+SLOW, SLOW_MBIT = "node3", 150
+SLOW_BPS = EXPECTED_BPS * SLOW_MBIT / RATE_MBIT
+PAIR_WITH_SLOW_BPS = 2 / (1 / SLOW_BPS + 1 / EXPECTED_BPS)
+"""A ping-pong's message crosses node3's link one way and its partner's the other: half the round trip moves the
+message at the harmonic mean of the two rates."""
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory):
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("cluster4")
+    c = Cluster(base / "state", base / "work")
+    c.work.mkdir()
+    if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("commcal-ctl"):
+        pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
+    try:
+        c.run("up", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit", "--cpus", "1", timeout=120)
+        yield c
+    finally:
+        subprocess.run([str(CLUSTER), "down"], env=c.env, capture_output=True, text=True, timeout=120)
+
+
+def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
+    bad = cluster4.run("rate", "node9", "150mbit", check=False)
+    assert bad.returncode != 0 and "unknown node" in bad.stderr, bad
+    cluster4.run("rate", SLOW, f"{SLOW_MBIT}mbit")
+    qdisc = cluster4.run("exec", SLOW, "tc", "qdisc", "show", "dev", "eth0").stdout
+    assert f"{SLOW_MBIT}Mbit" in qdisc, qdisc
+    out = cluster4.work / "scans"
+    t0 = time.monotonic()
+    job = cluster4.sbatch("-N", str(len(NODES)), "--ntasks-per-node=1", "-o", "scan-%j.out",
+                          str(REPO / "slurm" / "scan.sh"), env={"COMMCAL_OUT_DIR": str(out), "COMMCAL_SCAN_NAME": "s"})
+    ok, text = cluster4.wait(job, 300)
+    log = (cluster4.work / f"scan-{job}.out").read_text()
+    assert ok, f"{text}\n{log}\n{cluster4.logs()}"
+    print(f"scan job: {time.monotonic() - t0:.1f} s")
+    print("\n".join(line for line in log.splitlines() if line.startswith(("pingpong", "commcal scan:"))))
+    scan = read_scan(out / "s")
+    assert scan.nodes == list(NODES)
+    assert f"flagged nodes: {SLOW} (bandwidth" in log, log
+    assert list(scan.flagged_nodes()) == [SLOW], scan.flagged_nodes()
+    bandwidth = {v.metric: v for v in scan.verdicts()}["bandwidth"]
+    assert sorted(bandwidth.slow_pairs) == [p for p in combinations(NODES, 2) if SLOW in p], bandwidth
+    pairs = scan.pair_values(scan.bandwidth_size, "rate")
+    assert sorted(pairs) == list(combinations(NODES, 2)), "every pair exactly once"
+    for pair, bps in sorted(pairs.items()):
+        truth = PAIR_WITH_SLOW_BPS if SLOW in pair else EXPECTED_BPS
+        print(f"{pair[0]}-{pair[1]}: {bps / 1e6:.2f} MB/s, truth {truth / 1e6:.2f} MB/s ({bps / truth - 1:+.1%})")
+    for pair, bps in pairs.items():
+        truth = PAIR_WITH_SLOW_BPS if SLOW in pair else EXPECTED_BPS
+        assert abs(bps / truth - 1) <= 0.05, (pair, bps, truth)
+    assert (out / "s" / "report" / "report.html").is_file(), log
+    html = (out / "s" / "report" / "report.html").read_text()
+    assert f"Slow nodes: {SLOW} (bandwidth" in html
+    # the diff of a scan with itself finds nothing new
+    same = run_cli(["diff", str(out / "s"), str(out / "s"), "--check"])
+    assert same.returncode == 0 and "newly slow nodes: none" in same.stdout, same.stdout + same.stderr
