@@ -55,7 +55,7 @@ def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
     log = (cluster4.work / f"scan-{job}.out").read_text()
     assert ok, f"{text}\n{log}\n{cluster4.logs()}"
     print(f"scan job: {time.monotonic() - t0:.1f} s")
-    print("\n".join(line for line in log.splitlines() if line.startswith(("pingpong", "commcal scan:"))))
+    print("\n".join(line for line in log.splitlines() if line.startswith(("pingpong", "copy", "gemm", "commcal scan:"))))
     scan = read_scan(out / "s")
     assert scan.nodes == list(NODES)
     assert f"flagged nodes: {SLOW} (bandwidth" in log, log
