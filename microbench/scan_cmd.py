@@ -78,7 +78,7 @@ def print_plan(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     est = plan.scan_estimate(dry.nodes, list(cfg.sizes), cfg.rounds, cfg.rule, dry.machine,
                              (2.0 * cfg.copy_size, 2.0 * (cfg.gemm_size / 4) ** 1.5))
-    print(f"commcal scan --dry-run: {dry.nodes} nodes ({dry.per_node} devices each; one rank per node), "
+    print(f"commcal scan --dry-run: {dry.nodes} nodes ({dry.per_node} device(s) each; one rank per node), "
           f"sizes {','.join(format_size(s) for s in cfg.sizes)}, {cfg.rounds} pass(es) of "
           f"{round_count(dry.nodes)} rounds")
     print("\n".join(plan.report(est, dry.limit_s, None)))
