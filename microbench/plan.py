@@ -140,6 +140,13 @@ def add_arguments(p: argparse.ArgumentParser, ranks_help: str) -> None:
                    help="with --dry-run: each node's network bandwidth in the model (default 25)")
 
 
+def dry(args: argparse.Namespace) -> bool:
+    """Whether this is a --dry-run; a real run must name its --out."""
+    if not (args.dry_run or args.out):
+        raise UsageError("--out DIR is required (or --dry-run)")
+    return bool(args.dry_run)
+
+
 @dataclass(frozen=True)
 class DryRun:
     nodes: int

@@ -86,10 +86,8 @@ def print_plan(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.dry_run:
+    if plan.dry(args):
         return print_plan(args)
-    if not args.out:
-        raise UsageError("--out DIR is required (or --dry-run)")
     cfg = build_config(args)
     from microbench.threads import choose, record
     threads = choose(None, "mpi")

@@ -187,10 +187,8 @@ def print_plan(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.dry_run:
+    if plan.dry(args):
         return print_plan(args)
-    if not args.out:
-        raise UsageError("--out DIR is required (or --dry-run)")
     threads = choose(args.thread_level, args.backend)      # before MPI is initialised
     from mpi4py import MPI
 

@@ -30,16 +30,10 @@ fail() { printf 'commcal-scan: FAILED: %s\n' "$1" >&2; exit "${2:-1}"; }
 trap 'fail "terminated by a signal (time limit, scancel or node failure); a scan does not resume: resubmit with a longer time limit (commcal scan --dry-run estimates it)" 143' TERM INT
 [ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job: submit with sbatch slurm/scan.sh" 2
 
-if [ -n "${COMMCAL:-}" ]; then
-  read -r -a COMMCAL_CMD <<<"$COMMCAL"
-elif command -v commcal >/dev/null 2>&1; then
-  COMMCAL_CMD=(commcal)
-elif [ -x "$SLURM_SUBMIT_DIR/.venv/bin/commcal" ]; then
-  COMMCAL_CMD=("$SLURM_SUBMIT_DIR/.venv/bin/commcal")
-  export PATH="$SLURM_SUBMIT_DIR/.venv/bin:$PATH"
-else
-  fail "no commcal command: activate the virtual environment before sbatch, or set COMMCAL" 2
-fi
+# The commcal command: $COMMCAL, else `commcal` on PATH, else the submit directory's virtual environment.
+read -r -a COMMCAL_CMD <<<"${COMMCAL:-$(command -v commcal || echo "$SLURM_SUBMIT_DIR/.venv/bin/commcal")}"
+command -v "${COMMCAL_CMD[0]}" >/dev/null \
+  || fail "no commcal command: activate the virtual environment before sbatch, or set COMMCAL" 2
 
 cluster=${SLURM_CLUSTER_NAME:-$(hostname -s)}
 nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,23 +93,31 @@ class Cluster:
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@contextmanager
+def local_cluster(tmp_path_factory, name: str, *up: str):
+    """A local cluster (`cluster.sh up UP...`) in a fresh directory, always brought down afterwards; skips where
+    the machine cannot run one."""
     why = _missing()
     if why:
         pytest.skip(why)
-    base = tmp_path_factory.mktemp("cluster")
+    base = tmp_path_factory.mktemp(name)
     c = Cluster(base / "state", base / "work")
     c.work.mkdir()
     if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("commcal-ctl"):
         pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
     try:
         t0 = time.monotonic()
-        c.run("up", "--nodes", "2", "--rate", f"{RATE_MBIT}mbit", "--cpus", "2", timeout=90)
+        c.run("up", *up, timeout=120)
         print(f"cluster up in {time.monotonic() - t0:.1f} s")
         yield c
     finally:
         subprocess.run([str(CLUSTER), "down"], env=c.env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with local_cluster(tmp_path_factory, "cluster", "--nodes", "2", "--rate", f"{RATE_MBIT}mbit", "--cpus", "2") as c:
+        yield c
 
 
 def test_nodes_have_their_own_hostnames_and_addresses(cluster):

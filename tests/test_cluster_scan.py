@@ -4,7 +4,6 @@ Needs what tests/test_cluster.py needs (root, iproute2, Slurm); its own cluster,
 
 from __future__ import annotations
 
-import subprocess
 import time
 from itertools import combinations
 
@@ -12,7 +11,7 @@ import pytest
 
 from conftest import REPO, run_cli
 from microbench.scanfile import read_scan
-from test_cluster import CLUSTER, EXPECTED_BPS, RATE_MBIT, Cluster, _missing
+from test_cluster import EXPECTED_BPS, RATE_MBIT, local_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -26,19 +25,9 @@ message at the harmonic mean of the two rates."""
 
 @pytest.fixture(scope="module")
 def cluster4(tmp_path_factory):
-    why = _missing()
-    if why:
-        pytest.skip(why)
-    base = tmp_path_factory.mktemp("cluster4")
-    c = Cluster(base / "state", base / "work")
-    c.work.mkdir()
-    if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("commcal-ctl"):
-        pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
-    try:
-        c.run("up", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit", "--cpus", "1", timeout=120)
+    with local_cluster(tmp_path_factory, "cluster4", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit",
+                       "--cpus", "1") as c:
         yield c
-    finally:
-        subprocess.run([str(CLUSTER), "down"], env=c.env, capture_output=True, text=True, timeout=120)
 
 
 def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
