@@ -21,6 +21,10 @@ SLOW_BPS = EXPECTED_BPS * SLOW_MBIT / RATE_MBIT
 PAIR_WITH_SLOW_BPS = 2 / (1 / SLOW_BPS + 1 / EXPECTED_BPS)
 """A ping-pong's message crosses node3's link one way and its partner's the other: half the round trip moves the
 message at the harmonic mean of the two rates."""
+SCAN_ARGS = "--node-tolerance 0.9"
+"""The local cluster's nodes share this host's cores and memory: their copy and GEMM rates vary with its scheduling
+(one node's copy at a fifth of the others' was seen), which the scan would rightly call slow. The test judges the
+network, so a node check flags only below a tenth of the reference."""
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +32,18 @@ def cluster4(tmp_path_factory):
     with local_cluster(tmp_path_factory, "cluster4", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit",
                        "--cpus", "1") as c:
         yield c
+
+
+def scan_job(cluster, out, name: str) -> str:
+    """`sbatch slurm/scan.sh` on every node into out/name; the job's log."""
+    job = cluster.sbatch("-N", str(len(NODES)), "--ntasks-per-node=1", "-o", "scan-%j.out",
+                         str(REPO / "slurm" / "scan.sh"),
+                         env={"COMMCAL_OUT_DIR": str(out), "COMMCAL_SCAN_NAME": name, "COMMCAL_SCAN_ARGS": SCAN_ARGS})
+    ok, text = cluster.wait(job, 300)
+    log = (cluster.work / f"scan-{job}.out").read_text()
+    assert ok, f"{text}\n{log}\n{cluster.logs()}"
+    print("\n".join(line for line in log.splitlines() if line.startswith(("pingpong", "copy", "gemm", "commcal scan:"))))
+    return log
 
 
 def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
@@ -38,13 +54,8 @@ def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
     assert f"{SLOW_MBIT}Mbit" in qdisc, qdisc
     out = cluster4.work / "scans"
     t0 = time.monotonic()
-    job = cluster4.sbatch("-N", str(len(NODES)), "--ntasks-per-node=1", "-o", "scan-%j.out",
-                          str(REPO / "slurm" / "scan.sh"), env={"COMMCAL_OUT_DIR": str(out), "COMMCAL_SCAN_NAME": "s"})
-    ok, text = cluster4.wait(job, 300)
-    log = (cluster4.work / f"scan-{job}.out").read_text()
-    assert ok, f"{text}\n{log}\n{cluster4.logs()}"
+    log = scan_job(cluster4, out, "s")
     print(f"scan job: {time.monotonic() - t0:.1f} s")
-    print("\n".join(line for line in log.splitlines() if line.startswith(("pingpong", "copy", "gemm", "commcal scan:"))))
     scan = read_scan(out / "s")
     assert scan.nodes == list(NODES)
     assert f"flagged nodes: {SLOW} (bandwidth" in log, log
@@ -59,9 +70,23 @@ def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
     for pair, bps in pairs.items():
         truth = PAIR_WITH_SLOW_BPS if SLOW in pair else EXPECTED_BPS
         assert abs(bps / truth - 1) <= 0.05, (pair, bps, truth)
+    for op in ("copy", "gemm"):
+        assert sorted(scan.node_values(op)) == list(NODES) and min(scan.node_values(op).values()) > 0
     assert (out / "s" / "report" / "report.html").is_file(), log
     html = (out / "s" / "report" / "report.html").read_text()
     assert f"Slow nodes: {SLOW} (bandwidth" in html
-    # the diff of a scan with itself finds nothing new
-    same = run_cli(["diff", str(out / "s"), str(out / "s"), "--check"])
-    assert same.returncode == 0 and "newly slow nodes: none" in same.stdout, same.stdout + same.stderr
+    # node3's link restored: a second scan finds every pair at the rate and node3 no longer slow
+    cluster4.run("rate", SLOW, f"{RATE_MBIT}mbit")
+    log = scan_job(cluster4, out, "h")
+    healthy = read_scan(out / "h")
+    assert {v.metric: v for v in healthy.verdicts()}["bandwidth"].slow_nodes == ()
+    assert SLOW not in healthy.flagged_nodes(), log
+    restored = healthy.pair_values(healthy.bandwidth_size, "rate")
+    print("restored: " + ", ".join(f"{a}-{b} {bps / EXPECTED_BPS - 1:+.1%}" for (a, b), bps in sorted(restored.items())))
+    # every pair back at the rate; 10%, not 5%: one scan of 10 samples a pair, on a host shared with other jobs,
+    # put a pair 6% low (a slowed node's pairs are 45% low)
+    assert all(abs(bps / EXPECTED_BPS - 1) <= 0.10 for bps in restored.values()), restored
+    back = run_cli(["diff", str(out / "h"), str(out / "s"), "--check"])
+    assert back.returncode == 1 and f"newly slow nodes: {SLOW}" in back.stdout, back.stdout + back.stderr
+    fixed = run_cli(["diff", str(out / "s"), str(out / "h")])
+    assert fixed.returncode == 0 and f"no longer slow: {SLOW}" in fixed.stdout, fixed.stdout + fixed.stderr
