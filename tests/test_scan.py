@@ -220,3 +220,15 @@ def test_a_real_scan_of_three_ranks(tmp_path):
     assert "flagged nodes:" in proc.stdout
     refused = run_mpi(2, ["scan", "--out", str(tmp_path / "x")], timeout=60)
     assert refused.returncode == 2 and "one rank per node" in refused.stderr, refused.stderr
+
+
+def test_the_scan_vocabulary_and_its_readers_leave_mpi4py_alone():
+    import subprocess
+    import sys
+
+    code = ("import sys; import microbench.schedule, microbench.outliers, microbench.scanfile, microbench.plan, "
+            "microbench.scan_cmd, reports.scan_view, reports.scan_diff, reports.diff_cmd, reports.report_cmd; "
+            "from reports.cli import main; main(['scan', '--dry-run', '--nodes', '8']); "
+            "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and "7 rounds" in proc.stdout, proc.stdout + proc.stderr
