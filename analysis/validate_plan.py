@@ -1,4 +1,5 @@
-"""Which strategies `commcal validate` runs, checked before any rank starts: every one feasible on the mesh and
+"""Which strategies `commcal validate` runs, checked before any rank starts: those --strategies picks (at least one per
+layer), every one feasible on the mesh and
 every collective priced on some link class; above --max-strategies, the predicted top half and a seeded sample
 of the rest; and the contenders that the refinement passes time again."""
 
@@ -58,10 +59,13 @@ def plan(args, cfg, layers: list, cal, mesh):
     calibration and the ones to run chosen; all that validate does with the calibration before running anything,
     so a calibration it cannot use fails here, before MPI starts the harness."""
     pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
-    tab = Tabulator(pricer)
+    tab = Tabulator(pricer, cfg.selection)
     work = []
     for name, layer in layers:
         opts = tab.options(layer, True)
+        if not opts.strategies:
+            raise UsageError(f"layer {name} has none of the strategies --strategies {cfg.selection} picks on mesh "
+                             f"{'x'.join(map(str, mesh.shape))}")
         check_feasible(name, opts, "x".join(map(str, mesh.shape)))
         check_links(name, opts.schedules, pricer)
         work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from microbench.errors import UsageError
+from microbench.links import link_level
 from microbench.schedule import round_count
 from microbench.stats import StopRule, median_ci_ranks
 
@@ -19,8 +20,9 @@ MIN_CI_SAMPLES = next(n for n in range(1, 100) if median_ci_ranks(n))
 
 @dataclass(frozen=True)
 class Machine:
-    """The assumed machine: per link class a latency and a per-node bandwidth (a node's ranks share its network
-    bandwidth), a rank's copy and GEMM rates, and what starting a job step costs."""
+    """The assumed machine: a latency and a per-node bandwidth within a node ("intra") and across the network
+    ("inter", for every link class between nodes: a node's ranks share its network bandwidth), a rank's copy and
+    GEMM rates, and what starting a job step costs."""
 
     alpha_s: dict
     bandwidth_Bps: dict
@@ -33,8 +35,7 @@ class Machine:
     def default(cls, inter_alpha_s: float = 3e-6, inter_Bps: float = 25e9) -> Machine:
         """An InfiniBand-class network (3 us, 25 GB/s per node by default) and NVLink-class links within a node
         (2 us, 150 GB/s)."""
-        return cls({"intra": 2e-6, "inter": inter_alpha_s, "spread": inter_alpha_s},
-                   {"intra": 150e9, "inter": inter_Bps, "spread": inter_Bps})
+        return cls({"intra": 2e-6, "inter": inter_alpha_s}, {"intra": 150e9, "inter": inter_Bps})
 
     def launch(self, ranks: int) -> float:
         return self.launch_s + self.launch_per_rank_s * ranks
@@ -43,7 +44,8 @@ class Machine:
         """One timed iteration: the barrier before it and the call, alpha per step of a log-depth algorithm plus
         the bytes each rank moves at its share of the link."""
         steps = max(1, math.ceil(math.log2(max(procs, 2))))
-        return 2 * steps * self.alpha_s[link] + nbytes * ranks_per_node / self.bandwidth_Bps[link]
+        where = "intra" if link_level(link) == 0 else "inter"
+        return 2 * steps * self.alpha_s[where] + nbytes * ranks_per_node / self.bandwidth_Bps[where]
 
 
 def visit_s(per_iter_s: float, rule: StopRule) -> tuple[float, float]:

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO, run_cli
 from microbench.scanfile import read_scan
-from test_cluster import EXPECTED_BPS, RATE_MBIT, local_cluster
+from test_cluster import EXPECTED_BPS, RATE_MBIT, brought_up
 
 pytestmark = pytest.mark.cluster
 
@@ -29,7 +29,7 @@ network, so a node check flags only below a tenth of the reference."""
 
 @pytest.fixture(scope="module")
 def cluster4(tmp_path_factory):
-    with local_cluster(tmp_path_factory, "cluster4", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit",
+    with brought_up(tmp_path_factory, "cluster4", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit",
                        "--cpus", "1") as c:
         yield c
 
