@@ -12,6 +12,7 @@ from microbench.scanfile import NODE_OPS, ScanConfig, ScanRow
 from microbench.schedule import round_robin
 from microbench.sizes import format_size
 from microbench.stats import Estimate, StopRule, pooled_estimate
+from microbench.sweep import idle_until
 
 
 def _row(kind: str, a: str, b: str, rnd: int, op: str, size: int, est: Estimate, rule: StopRule, rate_of: float,
@@ -21,8 +22,10 @@ def _row(kind: str, a: str, b: str, rnd: int, op: str, size: int, est: Estimate,
 
 
 def measure_pairs(world: MPI.Comm, nodes: list[str], cfg: ScanConfig, timer, backend, say) -> list[ScanRow]:
-    """Rank 0's rows of every pair at every size: each round's pairs measure at once, each with its own stopping
-    rule (a slow pair must not set another's times), and the next round starts when every pair is done."""
+    """Rank 0's rows of every pair at every size: each round's pairs measure one size at once, each with its own
+    stopping rule (a slow pair must not set another's times), and the next size (and round) starts when every pair
+    is done, so that no pair's latency is timed beside another's bulk transfer. Waiting ranks sleep, leaving the
+    cores to the measuring ones."""
     op = OPS["pingpong"]
     schedule = round_robin(len(nodes))
     rule = cfg.rule.visit(cfg.rounds)
@@ -34,14 +37,15 @@ def measure_pairs(world: MPI.Comm, nodes: list[str], cfg: ScanConfig, timer, bac
             mine = next((i for i, pair in enumerate(pairs) if world.rank in pair), None)
             comm = world.Split(MPI.UNDEFINED if mine is None else mine,
                                key=0 if mine is None else pairs[mine].index(world.rank))
-            if comm != MPI.COMM_NULL:
-                checks = (rep == 0, rep == cfg.rounds - 1)
-                for i, lay in enumerate(layouts):
-                    m = driver.measure_collective(op, comm, lay, COMM_DTYPE, rule, timer, backend, checks=checks)
+            for i, lay in enumerate(layouts):
+                if comm != MPI.COMM_NULL:
+                    m = driver.measure_collective(op, comm, lay, COMM_DTYPE, rule, timer, backend,
+                                                  checks=(rep == 0, rep == cfg.rounds - 1))
                     visits.setdefault(rnd, [[] for _ in layouts])[i].append(m.samples)
                     wrong[rnd] = wrong.get(rnd, 0) + m.wrong
+                idle_until(world.Ibarrier())
+            if comm != MPI.COMM_NULL:
                 comm.Free()
-            world.Barrier()
             if world.rank == 0 and say:
                 say(f"pass {rep + 1}/{cfg.rounds} round {rnd + 1}/{len(schedule)}: "
                     + ", ".join(f"{nodes[a]}-{nodes[b]}" for a, b in pairs))
@@ -67,7 +71,7 @@ def measure_nodes(world: MPI.Comm, nodes: list[str], cfg: ScanConfig, backend) -
         work = m.flops if m.flops else op.bytes_per_rank(lay.size_bytes, 1)
         rows.append(_row("node", nodes[world.rank], "", -1, name, lay.size_bytes, m.estimate, cfg.rule, work,
                          m.wrong))
-        world.Barrier()
+        idle_until(world.Ibarrier())
     gathered = world.gather(rows, root=0)
     return [r for part in gathered for r in part] if world.rank == 0 else []
 
