@@ -1,9 +1,10 @@
 """Benchmark: how well a calibration swept on a size grid predicts sizes the fit never saw, beside how well one run
 predicts another at those sizes. Sweeps twice (two MPI launches, A and B), each time the grid and the sizes between
-its points, fits A's grid alone, and prints per operation the median |relative error| at the between sizes of
+its points in one sweep, fits A's grid points alone, and prints per operation the median |relative error| at the
+between sizes of
 
     calibration A -> B   (the price a planner gets, against a later run: what validate meets)
-    calibration A -> A   (against the same launch: the model alone, without drift between runs)
+    calibration A -> A   (against the launch it was fitted in: the model alone, without drift between runs)
     run A -> run B       (one run's measured times as the prediction of the other's: the noise ceiling)
 
 and the gap in points between the first and the last (issue 31's target: within 2 points for every operation).
@@ -16,6 +17,7 @@ and the gap in points between the first and the last (issue 31's target: within 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -58,10 +60,26 @@ def _sweep(launch: list[str], out: Path, sizes: list[int], args: argparse.Namesp
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **root})
 
 
+def grid_only(run: Path, out: Path, grid: set[int]) -> None:
+    """A copy of a run directory holding only its points at the grid's sizes (what the fit may see)."""
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "points").mkdir(parents=True)
+    shutil.copy(run / "run.json", out / "run.json")
+    for f in (run / "points").glob("*.json"):
+        if json.loads(f.read_text())["requested_bytes"] in grid:
+            for part in (f, f.with_suffix(".parquet")):
+                shutil.copy(part, out / "points" / part.name)
+
+
 def _measured(run: Path) -> pd.DataFrame:
     """A run's medians and sizes (the size the call moved, which the fit uses), by (op, link, procs, requested)."""
     s = load_summary(run)
     return s[s.median_s > 0].set_index(["op", "link", "procs", "requested_bytes"])[["median_s", "size_bytes"]]
+
+
+def off_grid(measured: pd.DataFrame, grid: list[int]) -> pd.DataFrame:
+    """The points at sizes the fit never saw."""
+    return measured[~measured.index.get_level_values("requested_bytes").isin(grid)]
 
 
 def errors(cal, a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -106,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     grid = parse_sizes(args.grid)
     mids = between(grid)
     print(f"grid {len(grid)} sizes {format_size(grid[0])}..{format_size(grid[-1])}; {len(mids)} between sizes")
-    for name in ("A", "B"):                    # each run is its own launch: grid, then the sizes between
-        _sweep(launch, out / f"{name}-grid", grid, args)
-        _sweep(launch, out / f"{name}-between", mids, args)
+    sizes = sorted(set(grid) | set(mids))
+    for name in ("A", "B"):                    # each run is one launch over the grid and the sizes between
+        _sweep(launch, out / name, sizes, args)
+    grid_only(out / "A", out / "A-grid", set(grid))
     cal_path = out / "A-grid.json"
     subprocess.run([sys.executable, "-m", "reports.cli", "fit", str(out / "A-grid"), "--out", str(cal_path)],
                    check=True, stdout=subprocess.DEVNULL)
-    err = errors(load_calibration(cal_path), _measured(out / "A-between"), _measured(out / "B-between"))
+    a, b = _measured(out / "A"), _measured(out / "B")
+    err = errors(load_calibration(cal_path), off_grid(a, grid), off_grid(b, grid))
     if err.empty:
         print("no between-size point was measured in both runs", file=sys.stderr)
         return 2
