@@ -30,8 +30,8 @@ def job_mesh(world: MPI.Comm, text: str | None) -> tuple[Mesh, tuple[int, ...], 
 
 
 class Collectives:
-    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups;
-    allgather returns the members' buffers stacked in a leading axis, reduce_scatter and alltoall take one.
+    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups, and the halo
+    exchange's shift; allgather returns the members' buffers stacked in a leading axis, reduce_scatter and alltoall take one.
     The sweep's backend moves the data (microbench.backends: host MPI, CUDA-aware MPI or NCCL), so the
     harness runs each collective through the same library calls the calibration measured."""
 
@@ -60,6 +60,18 @@ class Collectives:
 
     def alltoall(self, blocks, axis: int):
         return self._run("alltoall", blocks, self.xp.empty_like(blocks), axis)
+
+    def shift(self, buf, axis: int, direction: int):
+        """Every member of the axis's group sends `buf` to the member `direction` away and receives the buffer of
+        the member as far the other way (zeros where there is none): one Sendrecv each, the halo exchange of
+        analysis.halo. Host MPI or CUDA-aware MPI buffers only."""
+        comm = self.axes[axis]
+        to, frm = comm.rank + direction, comm.rank - direction
+        out = self.xp.zeros_like(buf)
+        self.backend.sync()
+        comm.Sendrecv(buf, dest=to if 0 <= to < comm.size else MPI.PROC_NULL, sendtag=11, recvbuf=out,
+                      source=frm if 0 <= frm < comm.size else MPI.PROC_NULL, recvtag=11)
+        return out
 
     def barrier(self) -> None:
         self.world.Barrier()

@@ -10,6 +10,8 @@ from functools import partial
 
 import numpy as np
 
+from analysis.conv import Conv2d
+from analysis.halo import Halo
 from analysis.layers import Compute, Embedding, Layer, Linear, Schedule
 from analysis.mesh import Mesh
 from analysis.redistribute import Step
@@ -65,12 +67,12 @@ def run_step(step: Step, buf, coll, coord: tuple[int, ...], xp=np, check_bytes: 
 class Item:
     """One timed unit: the schedule entry it executes and what it does to the environment of named buffers."""
 
-    entry: Step | Compute
+    entry: Step | Halo | Compute
     run: Callable[[dict], None]
 
     @property
     def is_comm(self) -> bool:
-        return isinstance(self.entry, Step) and self.entry.is_comm
+        return self.entry.is_comm
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class Runner:
         elif isinstance(layer, Linear):
             items = self._linear(sched)
             inputs["Wst"] = inputs["W"]
+        elif isinstance(layer, Conv2d):
+            items = self._conv(sched)
         else:
             items = self._computes(sched.steps)
         for c in sched.steps:
@@ -147,6 +151,13 @@ class Runner:
             items += self._computes(phase[first:last + 1])
             items += self.chain(phase[last + 1:], "dW", "dW")
         return items
+
+    def _conv(self, sched) -> list[Item]:
+        """The convolution's products, its halo exchanges (on X forward, on dX backward) and its weight gradient
+        reduced into its placement."""
+        return [Item(e, partial(e.run, self.xp)) if isinstance(e, Compute) else
+                Item(e, partial(e.run, coll=self.coll, xp=self.xp)) if isinstance(e, Halo) else self.step(e, "dW", "dW")
+                for e in sched.steps]
 
     def _embedding(self, layer: Embedding, sched, data) -> tuple[list[Item], object, np.ndarray]:
         """(items, this device's local ids, the global ids). Lookups run at the table rows' owner; the forward
