@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass
 
 from analysis.layers import Layer
-from analysis.models import parse_model
+from analysis.models import Model, parse_model
 from analysis.options import add_dtype_argument, add_nics_argument, add_strict_argument
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", action="append", default=[], metavar="SPEC",
                    help="layer or model spec (repeatable), e.g. linear:m=1024,k=1024,n=1024, mlp, "
                         "transformer:d=256,heads=4,seq=64,batch=4, embedding:vocab=4096,dim=256,tokens=1024")
+    p.add_argument("--model", action="append", default=[], metavar="SPEC",
+                   help="a network (repeatable), e.g. vgg-small or resnet-small, run whole under each of ParaDL's "
+                        "strategies that apply on the mesh (data, filter, channel, spatial on a 1-d mesh; data, "
+                        "filter, channel, data+filter, data+spatial on a 2-d one): one row per strategy, the network "
+                        "forward and backward end to end")
+    p.add_argument("--strategies", default=None, metavar="LIST",
+                   help="with --model: only these network strategies, e.g. data,filter")
     p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
@@ -90,8 +97,10 @@ def config(args) -> Config:
         raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
                          "--rounds >= 1, --refine-rounds >= 0, --refine-margin >= 0, --top-k >= 1 and "
                          "--bootstrap >= 0")
-    if not args.layer and not args.quick:
-        raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers)")
+    if not args.layer and not args.model and not args.quick:
+        raise UsageError("give at least one --layer SPEC or --model SPEC (or --quick for the quick preset's layers)")
+    if args.strategies is not None and not args.model:
+        raise UsageError("--strategies names network strategies: it needs --model")
     return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds, refine,
                   args.refine_margin)
 
@@ -108,11 +117,17 @@ def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
     return out
 
 
-def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer]], object]:
-    """(config, named layers, calibration) from the arguments: the checks every rank makes before MPI."""
+def named_networks(specs, dtype: str) -> list[tuple[str, Model]]:
+    """(spec, model) of every --model."""
+    return [(spec, parse_model(spec, dtype)) for spec in specs]
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer | Model]], object]:
+    """(config, named layers and networks, calibration) from the arguments: the checks every rank makes before MPI."""
     from calib.calibration import load_calibration
 
-    return config(args), named_layers(args.layer or QUICK_LAYERS, args.dtype), load_calibration(args.calibration)
+    layers = named_layers(args.layer or ([] if args.model else QUICK_LAYERS), args.dtype)
+    return config(args), layers + named_networks(args.model, args.dtype), load_calibration(args.calibration)
 
 
 def run(args: argparse.Namespace) -> int:
