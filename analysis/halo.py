@@ -63,10 +63,12 @@ class Halo:
         next one sends into dX's last rows; (-1): send dXbot to the next and add into dX's first rows."""
         src, dst = HALO_BUFFERS[(self.grad, self.direction)]
         lead = (slice(None),) * self.dim
+        rows = slice(-self.rows, None) if self.direction > 0 else slice(0, self.rows)
+        send = env[src] if self.grad else xp.ascontiguousarray(env[src][lead + (rows,)])
+        if send.nbytes != self.bytes_per_rank:
+            raise ValueError(f"{self.describe()}: the slab holds {send.nbytes} B")
         if self.grad:
-            got = coll.shift(env[src], self.axis, -self.direction)
-            rows = slice(-self.rows, None) if self.direction > 0 else slice(0, self.rows)
+            got = coll.shift(send, self.axis, -self.direction)
             env[dst][lead + (rows,)] += got
             return
-        rows = slice(-self.rows, None) if self.direction > 0 else slice(0, self.rows)
-        env[dst] = coll.shift(xp.ascontiguousarray(env[src][lead + (rows,)]), self.axis, self.direction)
+        env[dst] = coll.shift(send, self.axis, self.direction)

@@ -168,3 +168,31 @@ def pipeline(spec: str, calibration, mesh: Mesh, micro_batches: int, schedule: S
 
 def _bytes(layer: Layer) -> int:
     return int(np.prod(layer.out_shape)) * layer.itemsize
+
+
+PIPELINE_MICRO_BATCHES = 4
+PIPELINE_SCHEDULE = Schedule("gpipe")
+"""The pipeline that network_table prices: GPipe (ParaDL's pipeline model) with 4 micro-batches."""
+
+
+def network_table(spec: str, model: Model, tab: Tabulator, calibration, nics_per_node: int = 1) -> list[dict]:
+    """Every ParaDL strategy's predicted step on the tabulator's mesh, as rows (strategy, total_s, comm_s,
+    compute_s, or why it cannot run), the pipeline last."""
+    rows = []
+    for name in applicable(tab.pricer.mesh):
+        try:
+            opts = network_options(model, [name], tab)
+        except UsageError as exc:
+            rows.append({"strategy": name, "total_s": None, "reason": str(exc)})
+            continue
+        rows.append({"strategy": name, "total_s": float(opts.time_s[0]), "comm_s": float(opts.comm_s[0]),
+                     "compute_s": float(opts.compute_s[0])})
+    try:
+        pipe = pipeline(spec, calibration, tab.pricer.mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE,
+                        "float32" if tab.pricer.itemsize == 4 else "float64", nics_per_node)
+        rows.append({"strategy": "pipeline", "total_s": pipe.total_s, "comm_s": pipe.messages_s,
+                     "compute_s": pipe.total_s - pipe.messages_s, "stages": list(pipe.stages),
+                     "micro_batches": pipe.micro_batches, "schedule": str(PIPELINE_SCHEDULE)})
+    except UsageError as exc:
+        rows.append({"strategy": "pipeline", "total_s": None, "reason": str(exc)})
+    return rows
