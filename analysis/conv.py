@@ -187,14 +187,18 @@ class Conv2d(Layer):
         wl = self._local(self.weight_shape, used, mesh)
         k = self.kernel
         cols = (wl[1] * k * k, xl[0] * xl[2] * xl[3])
+        shifted = (k * k,) + xl                   # the input shifted k*k ways: stacked, then transposed into cols
         flops = 2.0 * math.prod(cols) * wl[0]
         fwd = self._halos(s, mesh, xl, False) + (
-            Compute("Y = conv(X, W)", (xl, cols, wl), yl, flops, partial(conv_kernels.conv_forward, k)),)
+            Compute("cols = im2col(X)", (xl, shifted, shifted), cols, 0.0, partial(conv_kernels.conv_columns, k)),
+            Compute("Y = W @ cols", (cols, wl, yl), yl, flops, conv_kernels.conv_product))
         bwd = ()
         if need_dx:
-            bwd = (Compute("dX = conv_T(dY, W)", (yl, wl, cols), xl, flops, partial(conv_kernels.conv_input_grad, k)),
+            bwd = (Compute("dcols = W.T @ dY", (yl, wl), cols, flops, conv_kernels.conv_column_grad),
+                   Compute("dX = col2im(dcols)", (shifted, shifted), shifted, 0.0,
+                           partial(conv_kernels.conv_input_grad, k)),
                    *self._halos(s, mesh, xl, True))
-        bwd += (Compute("dW = dY * X", (yl, cols), wl, flops, conv_kernels.conv_weight_grad),)
+        bwd += (Compute("dW = dY @ cols.T", (yl, cols), wl, flops, conv_kernels.conv_weight_grad),)
         bwd += self._redistribute(self.weight_shape, dw, used, mesh)
         mem = self.itemsize * ((2 + OPTIMIZER_STATES) * math.prod(wl) + math.prod(xl) + math.prod(yl)
                                + math.prod(cols))

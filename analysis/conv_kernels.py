@@ -4,7 +4,8 @@ array module and the environment of named buffers and write their outputs there.
 
 Spatial parallelism cuts H: a halo exchange (analysis.halo) puts the neighbours' boundary rows into the environment
 as Xtop and Xbot, which stand in for the zero padding above and below the local block; absent (the whole-array
-reference, or no spatial split), the padding is zeros. In the backward pass the gradients of those borrowed rows
+reference, or no spatial split), the padding is zeros. Each kernel is one pass the pricing sees as one step: the
+im2col copy, a GEMM, the col2im additions. In the backward pass the gradients of those borrowed rows
 come out as dXtop and dXbot, for the halo exchange to send back to their owners."""
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ def _columns(xp, xp_pad, k: int, height: int, width: int):
     return shifted.transpose(1, 2, 0, 3, 4).reshape(c * k * k, n * height * width)
 
 
-def conv_forward(k: int, xp, e) -> None:
-    """Y = W * X; the im2col columns stay in the environment for the weight gradient."""
+def conv_columns(k: int, xp, e) -> None:
+    """cols = im2col(X): the input (halo rows included) shifted k*k ways, stacked, then laid out as columns."""
+    x = e["X"]
+    e["cols"] = _columns(xp, _padded(xp, e, k), k, x.shape[2], x.shape[3])
+
+
+def conv_product(xp, e) -> None:
+    """Y = W @ cols, from [F, N*H*W] back to NCHW."""
     x, w = e["X"], e["W"]
-    n, _, height, width = x.shape
-    cols = _columns(xp, _padded(xp, e, k), k, height, width)
-    e["cols"] = cols
-    y = w.reshape(w.shape[0], -1) @ cols
-    e["Y"] = xp.ascontiguousarray(y.reshape(w.shape[0], n, height, width).transpose(1, 0, 2, 3))
+    y = w.reshape(w.shape[0], -1) @ e["cols"]
+    e["Y"] = xp.ascontiguousarray(y.reshape(w.shape[0], x.shape[0], *x.shape[2:]).transpose(1, 0, 2, 3))
 
 
 def _grad_matrix(e):
@@ -40,12 +44,19 @@ def _grad_matrix(e):
     return dy.transpose(1, 0, 2, 3).reshape(dy.shape[1], -1)
 
 
+def conv_column_grad(xp, e) -> None:
+    """dcols = W^T @ dY: the gradient of every column."""
+    w = e["W"]
+    e["dcols"] = w.reshape(w.shape[0], -1).T @ _grad_matrix(e)
+
+
 def conv_input_grad(k: int, xp, e) -> None:
-    """dX = W^T * dY (col2im of W^T dY); the gradients of halo rows go to dXtop and dXbot."""
-    w, x = e["W"], e["X"]
+    """dX = col2im(dcols): each shifted copy's gradient added back in place; the gradients of the halo rows go to
+    dXtop and dXbot."""
+    x = e["X"]
     n, c, height, width = x.shape
     h = (k - 1) // 2
-    dcols = (w.reshape(w.shape[0], -1).T @ _grad_matrix(e)).reshape(c, k * k, n, height, width)
+    dcols = e["dcols"].reshape(c, k * k, n, height, width)
     dpad = xp.zeros((n, c, height + 2 * h, width + 2 * h), dtype=x.dtype)
     for i in range(k):
         for j in range(k):
@@ -57,28 +68,32 @@ def conv_input_grad(k: int, xp, e) -> None:
 
 
 def conv_weight_grad(xp, e) -> None:
-    """dW = dY X^T over the im2col columns of the forward pass."""
+    """dW = dY @ cols^T over the im2col columns of the forward pass."""
     w = e["W"]
     e["dW"] = (_grad_matrix(e) @ e["cols"].T).reshape(w.shape)
 
 
+def _windows(x):
+    """The four corners of every 2 x 2 window: (top-left, top-right, bottom-left, bottom-right) strided views."""
+    return [x[:, :, i::2, j::2] for i in (0, 1) for j in (0, 1)]
+
+
 def pool_forward(xp, e) -> None:
-    """2 x 2 max pooling, stride 2; the arg-max of each window stays in the environment for the backward pass."""
-    x = e["X"]
-    n, c, height, width = x.shape
-    win = x.reshape(n, c, height // 2, 2, width // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, height // 2,
-                                                                                           width // 2, 4)
-    e["argmax"] = win.argmax(axis=-1)
-    e["Y"] = xp.ascontiguousarray(win.max(axis=-1))
+    """2 x 2 max pooling, stride 2."""
+    a, b, c, d = _windows(e["X"])
+    e["Y"] = xp.maximum(xp.maximum(a, b), xp.maximum(c, d))
 
 
 def pool_grad(xp, e) -> None:
-    """Each window's gradient to its maximum."""
-    x, dy, arg = e["X"], e["dY"], e["argmax"]
-    n, c, height, width = x.shape
-    win = (xp.arange(4) == arg[..., None]) * dy[..., None]
-    e["dX"] = xp.ascontiguousarray(win.reshape(n, c, height // 2, width // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
-                                   .reshape(x.shape)).astype(x.dtype, copy=False)
+    """Each window's gradient to its maximum (the first corner that holds it, on a tie)."""
+    x, y, dy = e["X"], e["Y"], e["dY"]
+    dx = xp.zeros_like(x)
+    free = xp.ones(y.shape, dtype=bool)
+    for src, dst in zip(_windows(x), _windows(dx)):
+        hit = free & (src == y)
+        dst[...] = xp.where(hit, dy, 0)
+        free &= ~hit
+    e["dX"] = dx
 
 
 def flatten_forward(xp, e) -> None:

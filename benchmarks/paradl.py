@@ -1,5 +1,6 @@
 """Benchmark: ParaDL's table on this machine. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
-copy rates (--quick), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
+copy rates (--quick, every group and rank at once: --concurrent, ParaDL's contention), sweeps them again right after
+a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
 filter, channel, spatial on mesh 4; data+filter and data+spatial on mesh 2x2), and prints per strategy the predicted
 and measured step, accuracy 1 - |p - m| / m, and ParaDL's published accuracy beside it (Kahira et al., HPDC 2021).
 The pipeline is predicted only (`commcal search`): the harness runs no pipelines. On one host with 4 ranks:
@@ -22,8 +23,9 @@ import pandas as pd
 from analysis.paradl import PUBLISHED
 from benchmarks.validate import _run
 
-SWEEP = ["--quick", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
+SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
+AFTER_GEMM = 384
 MESHES = (("4", "data,filter,channel,spatial"), ("2x2", "data+filter,data+spatial"))
 
 
@@ -50,8 +52,10 @@ def _bench(argv) -> int:
     cal = args.calibration
     if cal is None:
         cal = str(out / "calibration.json")
-        _run([*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args), "--out", str(out / "sweep")])
-        _run([*commcal, "fit", str(out / "sweep"), "--out", cal])
+        sweep = [*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args)]
+        _run([*sweep, "--out", str(out / "sweep")])
+        _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(AFTER_GEMM)])
+        _run([*commcal, "fit", str(out / "sweep"), "--after-compute", str(out / "sweep-after"), "--out", cal])
     rows = []
     for model in filter(None, (m.strip() for m in args.models.split(","))):
         for mesh, strategies in MESHES:
@@ -82,14 +86,16 @@ def _print(table: pd.DataFrame) -> None:
         print(f"{r.strategy:<14} {r.model:<14} {r.mesh:>4} {r.predicted_s * 1e3:8.3f} ms {meas} {acc}")
     print(f"\n{'strategy':<14} {'accuracy':>9} {'ParaDL':>8}")
     ours = []
-    for name, published in PUBLISHED.items():
+    for name in dict.fromkeys([*PUBLISHED, *table["strategy"]]):
         acc = table.loc[table["strategy"] == name, "accuracy"].dropna()
+        published = PUBLISHED.get(name)
+        theirs = f"{100 * published:7.2f}%" if published else "      -"
         if acc.empty:
-            print(f"{name:<14} {'not run':>9} {100 * published:7.2f}%")
+            print(f"{name:<14} {'not run':>9} {theirs}")
             continue
         ours.append(acc.mean())
-        verdict = "above" if acc.mean() > published else "below"
-        print(f"{name:<14} {100 * acc.mean():8.2f}% {100 * published:7.2f}%  {verdict}")
+        verdict = "" if published is None else "above" if acc.mean() > published else "below"
+        print(f"{name:<14} {100 * acc.mean():8.2f}% {theirs}  {verdict}")
     mean_published = sum(PUBLISHED.values()) / len(PUBLISHED)
     print(f"{'mean':<14} {100 * sum(ours) / len(ours):8.2f}% {100 * mean_published:7.2f}%  (ours over the "
           f"{len(ours)} strategies measured)")

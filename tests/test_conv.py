@@ -44,14 +44,18 @@ def _direct(x, w):
                for i in range(k) for j in range(k))
 
 
+def _run(k, e):
+    """A convolution's kernels forward and backward, in a schedule's order."""
+    for kernel in (K.conv_columns, K.conv_product, K.conv_column_grad, K.conv_input_grad, K.conv_weight_grad):
+        kernel(k, np, e) if kernel in (K.conv_columns, K.conv_input_grad) else kernel(np, e)
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_conv_kernels_match_a_direct_sum_and_finite_differences(k):
     rng = np.random.default_rng(k)
     x, w, dy = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, k, k)), rng.standard_normal((2, 4, 7, 6))
     e = {"X": x, "W": w, "dY": dy}
-    K.conv_forward(k, np, e)
-    K.conv_input_grad(k, np, e)
-    K.conv_weight_grad(np, e)
+    _run(k, e)
     np.testing.assert_allclose(e["Y"], _direct(x, w), atol=1e-12)
     loss = lambda x_, w_: float((_direct(x_, w_) * dy).sum())  # noqa: E731 - linear, so central differences are exact
     for idx in [(0, 0, 0, 0), (1, 2, 6, 5), (1, 1, 3, 2)]:
@@ -72,18 +76,14 @@ def test_spatial_blocks_with_halos_make_the_whole_convolution():
     k, h = 5, 2
     x, w, dy = rng.standard_normal((2, 3, 9, 4)), rng.standard_normal((2, 3, k, k)), rng.standard_normal((2, 2, 9, 4))
     whole = {"X": x, "W": w, "dY": dy}
-    K.conv_forward(k, np, whole)
-    K.conv_input_grad(k, np, whole)
-    K.conv_weight_grad(np, whole)
+    _run(k, whole)
     zeros = np.zeros((2, 3, h, 4))
     blocks = []
     for b in range(3):
         rows = slice(3 * b, 3 * b + 3)
         e = {"X": x[:, :, rows], "W": w, "dY": dy[:, :, rows],
              "Xtop": x[:, :, 3 * b - h:3 * b] if b else zeros, "Xbot": x[:, :, 3 * b + 3:3 * b + 3 + h] if b < 2 else zeros}
-        K.conv_forward(k, np, e)
-        K.conv_input_grad(k, np, e)
-        K.conv_weight_grad(np, e)
+        _run(k, e)
         blocks.append(e)
     np.testing.assert_allclose(np.concatenate([e["Y"] for e in blocks], axis=2), whole["Y"], atol=1e-12)
     np.testing.assert_allclose(sum(e["dW"] for e in blocks), whole["dW"], atol=1e-12)
