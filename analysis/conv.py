@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
-from analysis import conv_kernels, kernels
+from analysis import conv_kernels
 from analysis.halo import Halo
-from analysis.layers import OPTIMIZER_STATES, Compute, Layer, Schedule, Sigs, Strategy, _Infeasible, _per_axis
+from analysis.layers import OPTIMIZER_STATES, Compute, Elementwise, Layer, Schedule, Sigs, Strategy, _Infeasible, _per_axis
 from analysis.sbp import B, P, Split
 
 ACTIVATION = {"n": Split(0), "c": Split(1), "s": Split(2), "-": B}
@@ -57,12 +57,7 @@ class Activation2d(_Map4d):
     def out_shape(self):
         return self.in_shape
 
-    def _schedule(self, s, mesh, need_dx):
-        xl = self._local(self.in_shape, self.sigs(s).x, mesh)
-        fwd = (Compute(f"Y = {self.op}(X)", (xl,), xl, 0.0, partial(kernels.activation_forward, self.op)),)
-        bwd = (Compute(f"dX = dY * {self.op}'(X)", (xl, xl), xl, 0.0, partial(kernels.activation_grad, self.op)),
-               ) if need_dx else ()
-        return Schedule(s, fwd, bwd, self.itemsize * 2 * math.prod(xl))
+    _schedule = Elementwise._schedule          # the same local map, on an NCHW block
 
 
 @dataclass(frozen=True)
@@ -84,17 +79,8 @@ class Pool2d(_Map4d):
 
 
 @dataclass(frozen=True)
-class Flatten(Layer):
-    batch: int = 1
-    channels: int = 1
-    height: int = 1
-    width: int = 1
-
+class Flatten(_Map4d):
     CHOICES = ("n", "c", "-")
-
-    @property
-    def in_shape(self):
-        return (self.batch, self.channels, self.height, self.width)
 
     @property
     def out_shape(self):

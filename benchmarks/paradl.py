@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.paradl import PUBLISHED
-from benchmarks.validate import _run
+from benchmarks.validate import _run, guarded
 
 SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
@@ -30,11 +30,7 @@ MESHES = (("4", "data,filter,channel,spatial"), ("2x2", "data+filter,data+spatia
 
 
 def main(argv=None) -> int:
-    try:
-        return _bench(argv)
-    except subprocess.CalledProcessError as e:
-        print(f"bench_paradl: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
-        return 2 if e.returncode == 2 else 1
+    return guarded("bench_paradl", _bench, argv)
 
 
 def _bench(argv) -> int:

@@ -63,10 +63,16 @@ def _print(columns: dict[str, dict]) -> None:
 
 
 def main(argv=None) -> int:
+    return guarded("bench_validate", _bench, argv)
+
+
+def guarded(name: str, bench, argv) -> int:
+    """bench(argv), a command it ran that failed ending it with one line naming that command: exit 2 where the
+    command refused its input, else 1."""
     try:
-        return _bench(argv)
+        return bench(argv)
     except subprocess.CalledProcessError as e:
-        print(f"bench_validate: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
+        print(f"{name}: {shlex.join(map(str, e.cmd))} exited {e.returncode}", file=sys.stderr)
         return 2 if e.returncode == 2 else 1
 
 
