@@ -1,13 +1,15 @@
 """Benchmark: ParaDL's table on this machine. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
 copy rates (--quick, every group and rank at once: --concurrent, ParaDL's contention), sweeps them again right after
-a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
+a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation; 192 x 192 by
+default, the size of the presets' conv GEMMs), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
 filter, channel, spatial on mesh 4; data+filter and data+spatial on mesh 2x2), and prints per strategy the predicted
 and measured step, accuracy 1 - |p - m| / m, and ParaDL's published accuracy beside it (Kahira et al., HPDC 2021).
 The pipeline is predicted only (`commcal search`): the harness runs no pipelines. On one host with 4 ranks:
 
     python -m benchmarks.paradl --launch "mpirun -n 4 --oversubscribe --bind-to none" --out /tmp/paradl
 
---calibration CAL skips the sweep and the fit; --models picks the presets (default vgg-small,resnet-small)."""
+--calibration CAL skips the sweep and the fit; --model SPEC (repeatable) picks the networks (default vgg-small and
+resnet-small)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from benchmarks.validate import _run, guarded
 
 SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
-AFTER_GEMM = 384
 MESHES = (("4", "data,filter,channel,spatial"), ("2x2", "data+filter,data+spatial"))
 
 
@@ -38,8 +39,12 @@ def _bench(argv) -> int:
     p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks")
     p.add_argument("--out", required=True)
     p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
-    p.add_argument("--models", default="vgg-small,resnet-small", help="CNN presets or specs, comma-separated")
+    p.add_argument("--model", action="append", default=[], metavar="SPEC",
+                   help="a CNN preset or spec (repeatable; default vgg-small and resnet-small)")
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
+    p.add_argument("--after-gemm", type=int, default=192, metavar="N",
+                   help="the GEMM before each call of the second sweep (default 192: about the flops of one of the "
+                        "presets' conv GEMMs, the computation before their collectives)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -50,10 +55,10 @@ def _bench(argv) -> int:
         cal = str(out / "calibration.json")
         sweep = [*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args)]
         _run([*sweep, "--out", str(out / "sweep")])
-        _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(AFTER_GEMM)])
+        _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(args.after_gemm)])
         _run([*commcal, "fit", str(out / "sweep"), "--after-compute", str(out / "sweep-after"), "--out", cal])
     rows = []
-    for model in filter(None, (m.strip() for m in args.models.split(","))):
+    for model in args.model or ["vgg-small", "resnet-small"]:
         for mesh, strategies in MESHES:
             run = out / f"{model.replace(':', '_')}-{mesh}"
             _run([*launch, *commcal, "validate", cal, "--model", model, "--mesh", mesh, "--strategies", strategies,
