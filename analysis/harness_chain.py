@@ -96,9 +96,11 @@ def network_program(runner: Runner, opts: NetworkOptions, i: int, data: dict, dt
     mesh, n = runner.mesh, len(layers)
     sigs = [o.layer.sigs(o.strategies[c]) for o, c in zip(t.options, choice)]
     env_inputs, renames, moves = {}, [{} for _ in layers], {}
+    parts = dict(chain_steps(t, choice, permute=False))
     for k, layer in enumerate(layers):
         if k + 1 < n:
-            fwd, bwd = _between(chain_steps(t, choice, permute=False), layer.name, layers[k + 1].name)
+            nxt = layers[k + 1].name
+            fwd, bwd = parts[f"{layer.name} -> {nxt}"], parts[f"{nxt} -> {layer.name} gradient"]
             moves[k] = (fwd, bwd)
             if not fwd:
                 renames[k + 1]["X"] = f"{k}:Y"
@@ -133,12 +135,6 @@ def network_program(runner: Runner, opts: NetworkOptions, i: int, data: dict, dt
                          f"its order")
     outputs = tuple(replace(o, name=f"{k}:{o.name}") for k, prog in enumerate(per_layer) for o in prog.outputs)
     return Program(tuple(items), env_inputs, outputs)
-
-
-def _between(chain, name: str, next_name: str) -> tuple[tuple, tuple]:
-    """The forward steps from layer `name` to the next and the gradient's steps back, from chain_steps."""
-    parts = dict(chain)
-    return parts[f"{name} -> {next_name}"], parts[f"{next_name} -> {name} gradient"]
 
 
 def _scoped(item: Item, k: int, renames: dict[str, str]) -> Item:

@@ -175,7 +175,8 @@ PIPELINE_SCHEDULE = Schedule("gpipe")
 """The pipeline that network_table prices: GPipe (ParaDL's pipeline model) with 4 micro-batches."""
 
 
-def network_table(spec: str, model: Model, tab: Tabulator, calibration, nics_per_node: int = 1) -> list[dict]:
+def network_table(spec: str, model: Model, tab: Tabulator, calibration, dtype: str = "float32",
+                  nics_per_node: int = 1) -> list[dict]:
     """Every ParaDL strategy's predicted step on the tabulator's mesh, as rows (strategy, total_s, comm_s,
     compute_s, or why it cannot run), the pipeline last."""
     rows = []
@@ -188,8 +189,8 @@ def network_table(spec: str, model: Model, tab: Tabulator, calibration, nics_per
         rows.append({"strategy": name, "total_s": float(opts.time_s[0]), "comm_s": float(opts.comm_s[0]),
                      "compute_s": float(opts.compute_s[0])})
     try:
-        pipe = pipeline(spec, calibration, tab.pricer.mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE,
-                        "float32" if tab.pricer.itemsize == 4 else "float64", nics_per_node)
+        pipe = pipeline(spec, calibration, tab.pricer.mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, dtype,
+                        nics_per_node)
         rows.append({"strategy": "pipeline", "total_s": pipe.total_s, "comm_s": pipe.messages_s,
                      "compute_s": pipe.total_s - pipe.messages_s, "stages": list(pipe.stages),
                      "micro_batches": pipe.micro_batches, "schedule": str(PIPELINE_SCHEDULE)})

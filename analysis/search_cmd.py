@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     cd_total = chain_cost(tables, cd)
     network = any(isinstance(layer, Conv2d) for layer in model.layers)
     if network:
-        out["paradl"] = network_table(args.model, model, Tabulator(pricer), pricer.cal, pricer.nics_per_node)
+        out["paradl"] = network_table(args.model, model, Tabulator(pricer), pricer.cal, args.dtype,
+                                      pricer.nics_per_node)
     out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
                coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0},
                fallbacks=fallbacks)

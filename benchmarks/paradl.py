@@ -1,7 +1,6 @@
 """Benchmark: ParaDL's table on this machine. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
 copy rates (--quick, every group and rank at once: --concurrent, ParaDL's contention), sweeps them again right after
-a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation; 192 x 192 by
-default, the size of the presets' conv GEMMs), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
+a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
 filter, channel, spatial on mesh 4; data+filter and data+spatial on mesh 2x2), and prints per strategy the predicted
 and measured step, accuracy 1 - |p - m| / m, and ParaDL's published accuracy beside it (Kahira et al., HPDC 2021).
 The pipeline is predicted only (`commcal search`): the harness runs no pipelines. On one host with 4 ranks:
@@ -42,9 +41,8 @@ def _bench(argv) -> int:
     p.add_argument("--model", action="append", default=[], metavar="SPEC",
                    help="a CNN preset or spec (repeatable; default vgg-small and resnet-small)")
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
-    p.add_argument("--after-gemm", type=int, default=192, metavar="N",
-                   help="the GEMM before each call of the second sweep (default 192: about the flops of one of the "
-                        "presets' conv GEMMs, the computation before their collectives)")
+    p.add_argument("--after-gemm", type=int, default=384, metavar="N",
+                   help="the N x N GEMM before each call of the second sweep (default 384, benchmarks.validate's)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
     args = p.parse_args(argv)
     out = Path(args.out)
