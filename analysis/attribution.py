@@ -7,13 +7,14 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import ranking
+from analysis.colossal import ROOTED
 from analysis.redistribute import COLLECTIVES
 
 KEY = ["layer", "strategy"]
 
 
 def _collective_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    return steps[steps["op"].isin(COLLECTIVES)]
+    return steps[steps["op"].isin(COLLECTIVES + ROOTED)]
 
 
 def dominant_link(steps: pd.DataFrame) -> pd.Series:

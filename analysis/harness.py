@@ -69,6 +69,7 @@ class Bench:
         self.runner, self.prog = runner, prog
         self.visits: list[np.ndarray] = []
         self.max_rel_err = np.inf
+        self.sent_bytes = 0
         self.cpu_ticks: np.ndarray | None = np.zeros(8, dtype=np.int64)   # None: this host cannot tell
 
     def _once(self) -> tuple[dict, np.ndarray]:
@@ -90,8 +91,11 @@ class Bench:
         return got[:-1], float(got[-1, 0])
 
     def check(self, dtype: str, what: str) -> None:
-        """Run once (untimed) and compare every output with the reference: NumericsError past TOLERANCE."""
+        """Run once (untimed) and compare every output with the reference: NumericsError past TOLERANCE. Records
+        `sent_bytes`, the most bytes any rank handed to collectives in that run."""
+        before = self.runner.coll.sent
         env, _ = self._once()
+        self.sent_bytes = int(self.runner.coll.world_max(np.array([float(self.runner.coll.sent - before)]))[0])
         errs = self.runner.coll.world_max(rel_errors(self.runner, self.prog, env))
         bad = [(o.name, e) for o, e in zip(self.prog.outputs, errs) if not e <= TOLERANCE[dtype]]
         if bad:

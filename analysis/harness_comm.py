@@ -30,23 +30,45 @@ def job_mesh(world: MPI.Comm, text: str | None) -> tuple[Mesh, tuple[int, ...], 
 
 
 class Collectives:
-    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups, and the halo
-    exchange's shift; allgather returns the members' buffers stacked in a leading axis, reduce_scatter and alltoall take one.
-    The sweep's backend moves the data (microbench.backends: host MPI, CUDA-aware MPI or NCCL), so the
-    harness runs each collective through the same library calls the calibration measured."""
+    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups, bcast /
+    reduce from or to any member, and the halo exchange's shift; allgather returns the members' buffers stacked in a
+    leading axis, reduce_scatter and alltoall take one. The sweep's backend moves the data (microbench.backends: host
+    MPI, CUDA-aware MPI or NCCL), so the harness runs each collective through the same library calls the calibration
+    measured; a rooted call runs on a copy of the axis's communicator renumbered so that its root is member 0,
+    as the sweep measured it. `sent` counts the bytes of every buffer this rank handed to a collective."""
 
     def __init__(self, world: MPI.Comm, mesh: Mesh, coord: tuple[int, ...], backend=None):
         self.world = world
         self.backend = backend or MpiBackend(world, [])
         self.xp = self.backend.xp
-        self.axes = []
-        for axis in range(len(mesh.shape)):
-            color = sum(c * mesh.stride(a) for a, c in enumerate(coord) if a != axis)
-            self.axes.append(world.Split(color, coord[axis]))
+        self.coord = coord
+        self.colors = [sum(c * mesh.stride(a) for a, c in enumerate(coord) if a != axis) for axis in range(len(coord))]
+        self.axes = [world.Split(color, coord[axis]) for axis, color in enumerate(self.colors)]
+        self.rooted: dict[tuple[int, int], MPI.Comm] = {}
+        self.sent = 0
 
-    def _run(self, name: str, send, out, axis: int):
-        self.backend.invoke(OPS[name], self.axes[axis], send, out)
+    def _run(self, name: str, send, out, axis: int, comm=None):
+        self.sent += send.nbytes
+        self.backend.invoke(OPS[name], comm or self.axes[axis], send, out)
         return out
+
+    def _root_comm(self, axis: int, root: int):
+        """The axis's communicator with member `root` first (made on first use: every rank runs the same
+        schedule, so all reach each Split together)."""
+        if root == 0:
+            return self.axes[axis]
+        if (axis, root) not in self.rooted:
+            size = self.axes[axis].size
+            self.rooted[(axis, root)] = self.world.Split(self.colors[axis], (self.coord[axis] - root) % size)
+        return self.rooted[(axis, root)]
+
+    def bcast(self, buf, axis: int, root: int):
+        """The root's buffer on every member (in place: the others' buffers are overwritten)."""
+        return self._run("bcast", buf, buf, axis, self._root_comm(axis, root))
+
+    def reduce(self, buf, axis: int, root: int):
+        """The members' sum, meaningful on the root only."""
+        return self._run("reduce", buf, self.xp.empty_like(buf), axis, self._root_comm(axis, root))
 
     def allreduce(self, buf, axis: int):
         return self._run("allreduce", buf, self.xp.empty_like(buf), axis)
@@ -68,6 +90,7 @@ class Collectives:
         comm = self.axes[axis]
         to, frm = comm.rank + direction, comm.rank - direction
         out = self.xp.zeros_like(buf)
+        self.sent += buf.nbytes
         self.backend.sync()
         comm.Sendrecv(buf, dest=to if 0 <= to < comm.size else MPI.PROC_NULL, sendtag=11, recvbuf=out,
                       source=frm if 0 <= frm < comm.size else MPI.PROC_NULL, recvtag=11)
@@ -89,5 +112,5 @@ class Collectives:
         return self.world.allgather(obj)
 
     def free(self) -> None:
-        for comm in self.axes:
+        for comm in [*self.axes, *self.rooted.values()]:
             comm.Free()

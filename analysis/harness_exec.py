@@ -10,6 +10,7 @@ from functools import partial
 
 import numpy as np
 
+from analysis import colossal, kernels
 from analysis.conv import Conv2d
 from analysis.halo import Halo
 from analysis.layers import Compute, Embedding, Layer, Linear, Schedule
@@ -116,6 +117,8 @@ class Runner:
         and the outputs to check against the schedule's own kernels run on the whole float64 data."""
         dtype = np.dtype(dtype)
         s = sched.strategy
+        if isinstance(sched, colossal.GridSchedule):
+            return self._grid(layer, sched, data, dtype)
         inputs = {name: self.shard(data[name], sig, dtype) for name, sig in layer.data_sigs(s).items()}
         reference = {name: data[name].astype(np.float64) for name in layer.data_shapes()}
         if isinstance(layer, Embedding):
@@ -135,6 +138,47 @@ class Runner:
         if tuple(i.entry for i in items) != sched.steps:
             raise ValueError(f"{layer.name} {s.id}: the harness would not run the priced schedule in its order")
         return Program(tuple(items), inputs, outputs)
+
+    def _grid(self, layer: Linear, sched: colossal.GridSchedule, data: dict, dtype) -> Program:
+        """A Colossal-AI schedule or its SBP equivalent (analysis.colossal): each entry on the buffers it names, the
+        weight (W, also named Wst) sharded in the strategy's stored row order; checked against the plain product of
+        the whole float64 arrays."""
+        g, shape = sched.strategy, self.mesh.shape
+        s, wsig = colossal.sigs(g), colossal.weight_sig(g)
+        inputs = {"X": self.shard(data["X"], s.x, dtype), "dY": self.shard(data["dY"], s.dy, dtype),
+                  "W": self.shard(colossal.stored_order(g, data["W"], shape), wsig, dtype)}
+        inputs["Wst"] = inputs["W"]
+        ref = {name: data[name].astype(np.float64) for name in ("X", "W", "dY")}
+        for kernel in (kernels.linear_forward, kernels.linear_input_grad, kernels.linear_weight_grad):
+            kernel(np, ref)
+        outputs = [Output("Y", ref["Y"], s.y), Output("dW", colossal.stored_order(g, ref["dW"], shape), wsig)]
+        if any(isinstance(e, Compute) and e.expr.startswith("dX") for e in sched.backward):
+            outputs.append(Output("dX", ref["dX"], s.dx))
+        items = []
+        for entry, names in zip(sched.steps, sched.buffers):
+            if isinstance(entry, Compute):
+                items.append(Item(entry, partial(entry.run, self.xp)))
+            elif isinstance(entry, colossal.Rooted):
+                items.append(self.rooted(entry, *names))
+            else:
+                items.append(self.step(entry, *names))
+        return Program(tuple(items), inputs, tuple(outputs))
+
+    def rooted(self, entry: colossal.Rooted, src: str, dst: str) -> Item:
+        """A bcast from (env[src] at the root, a fresh buffer elsewhere) into env[dst], or a reduce of env[src]
+        into env[dst] at the root (the other members keep their env[dst])."""
+        xp, mine = self.xp, self.coord[entry.axis] == entry.root
+
+        def run(env):
+            buf = env[src]
+            if entry.op == "bcast":
+                env[dst] = self.coll.bcast(buf if mine else xp.empty(entry.shape, dtype=buf.dtype), entry.axis,
+                                           entry.root)
+                return
+            out = self.coll.reduce(buf, entry.axis, entry.root)
+            if mine:
+                env[dst] = out
+        return Item(entry, run)
 
     def _computes(self, phase) -> list[Item]:
         xp = self.xp

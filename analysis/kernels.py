@@ -19,6 +19,12 @@ def linear_weight_grad(xp, e) -> None:
     e["dW"] = e["X"].T @ e["dY"]
 
 
+def block_product(out: str, a: str, b: str, ta: bool, tb: bool, accumulate: bool, xp, e) -> None:
+    """e[out] = (or +=) e[a] @ e[b], either operand transposed: one step of a grid schedule (analysis.colossal)."""
+    p = (e[a].T if ta else e[a]) @ (e[b].T if tb else e[b])
+    e[out] = e[out] + p if accumulate else p
+
+
 def activation_forward(op: str, xp, e) -> None:
     e["Y"] = ACTIVATIONS[op][0](xp, e["X"])
 

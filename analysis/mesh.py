@@ -4,7 +4,13 @@ varies fastest) and fill nodes in order: rank r lives on node r // ranks_per_nod
 Each axis's process groups (the ranks that differ only in that axis's coordinate) have a shape: how many
 nodes they span and how many of their ranks share a node. The shape names the link class that prices a
 collective on the axis: "intra" (one node), "inter" (one rank per node) or "spread" (several of each).
-When groups of one axis differ in shape (ranks per node not aligned with the mesh) the widest is used."""
+When groups of one axis differ in shape (ranks per node not aligned with the mesh) the widest is used.
+
+Switch levels (`spans`, from a calibration's topology): nodes fill switches in order, spans[k - 1] of them under
+one switch of level k, so a group of one rank per node is priced on the highest level it crosses: "inter" where
+its nodes share a leaf switch, "inter<k>" where their lowest common switch is at level k (the top level where the
+mesh has more nodes than the calibration's tree holds). With 2 ranks per node on 2 racks of 2 nodes, a 2x2x2 mesh
+places axis 2 within a node (intra), axis 1 within a rack (inter) and axis 0 across racks (inter2)."""
 
 from __future__ import annotations
 
@@ -27,16 +33,18 @@ class AxisGroup:
     nodes: int
     ranks_per_node: int
     groups_per_node: int = 1
+    level: int = 1               # the highest topology level its groups cross (0: within a node)
 
     @property
     def link(self) -> str:
-        return link_of(self.nodes, self.ranks_per_node)
+        return link_of(self.nodes, self.ranks_per_node, self.level)
 
 
 @dataclass(frozen=True)
 class Mesh:
     shape: tuple[int, ...]
     ranks_per_node: int
+    spans: tuple[int, ...] = ()  # nodes under one switch at each switch level (1 up); (): flat, one inter level
 
     def __post_init__(self) -> None:
         if not self.shape or any(n < 1 for n in self.shape):
@@ -70,6 +78,19 @@ class Mesh:
         base = rank - self.coord(rank)[axis] * self.stride(axis)
         return [base + i * self.stride(axis) for i in range(self.shape[axis])]
 
+    def placed(self, spans: tuple[int, ...]) -> "Mesh":
+        """This mesh on a cluster whose switches of level k hold spans[k - 1] nodes (calib's switch_spans)."""
+        return self if spans == self.spans else Mesh(self.shape, self.ranks_per_node, tuple(spans))
+
+    def level(self, nodes) -> int:
+        """The highest topology level a set of node indices crosses: 0 for one node, else the lowest switch level
+        whose switches hold them all (the top level past the tree; 1 when flat)."""
+        nodes = set(nodes)
+        if len(nodes) == 1:
+            return 0
+        return next((k for k, span in enumerate(self.spans, start=1) if len({n // span for n in nodes}) == 1),
+                    max(len(self.spans), 1))
+
     def groups(self, axis: int) -> list[list[int]]:
         return [self.group(axis, r) for r in range(self.devices) if self.coord(r)[axis] == 0]
 
@@ -79,15 +100,17 @@ class Mesh:
         for axis, size in enumerate(self.shape):
             shapes = set()
             sharing: dict[int, int] = {}
+            level = 0
             for g in self.groups(axis):
                 per_node: dict[int, int] = {}
                 for r in g:
                     per_node[r // self.ranks_per_node] = per_node.get(r // self.ranks_per_node, 0) + 1
                 shapes.add((len(per_node), max(per_node.values())))
+                level = max(level, self.level(per_node))
                 for node in per_node:
                     sharing[node] = sharing.get(node, 0) + 1
             nodes, rpn = max(shapes)
-            out.append(AxisGroup(axis, size, nodes, rpn, max(sharing.values())))
+            out.append(AxisGroup(axis, size, nodes, rpn, max(sharing.values()), max(level, 1) if nodes > 1 else 0))
         return tuple(out)
 
 

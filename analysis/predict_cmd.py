@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from analysis.colossal import Rooted
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
@@ -20,14 +21,14 @@ from analysis.summary import chain_steps
 from analysis.training_view import add_training_arguments, run_predict
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
-from microbench.links import LINK_CLASSES
+from microbench.links import is_link
 from microbench.sizes import format_size, parse_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("calibration", help="calibration JSON written by `commcal fit`")
     p.add_argument("--op", help="operation, e.g. allreduce, allgather, pingpong")
-    p.add_argument("--link", choices=LINK_CLASSES, help="link class")
+    p.add_argument("--link", help="link class: intra, inter, inter2..inter9 (switch levels), spread")
     p.add_argument("--procs", type=int, help="process count")
     p.add_argument("--bytes", help="size in the nccl-tests convention, e.g. 64M")
     p.add_argument("--after-compute", action="store_true",
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
     if missing:
         raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")
+    if not is_link(args.link):
+        raise UsageError(f"--link {args.link!r} is not a link class (intra, inter, inter2..inter9, spread)")
     nbytes = parse_size(args.bytes)
     if args.after_compute and not cal.after_gemm:
         raise UsageError(f"{args.calibration} has no after-compute models (fit with --after-compute RUN_DIR)")
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 def add_strategy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layer strategy (instead of --op)")
     g.add_argument("--layer", default=None, help="layer or model spec, e.g. linear:m=4096,k=8192,n=8192")
-    g.add_argument("--strategy", default=None, help="strategy id, one choice per mesh axis, e.g. m.n or -.k/ws")
+    g.add_argument("--strategy", default=None, help="strategy id, one choice per mesh axis, e.g. m.n or -.k/ws, or "
+                   "a Colossal-AI one on its grid, e.g. cai-2d (docs/tensor-parallel.md)")
     add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False, training=True)
 
 
@@ -78,6 +82,11 @@ def _row(st, after: bool, pricer: Pricer) -> dict:
     if isinstance(st, Compute):
         return {"kind": "compute", "expr": st.expr, "operand_shapes": st.operand_shapes,
                 "out_shape": st.out_shape, "flops": st.flops, "seconds": pricer.step_seconds(st)}
+    if isinstance(st, Rooted):
+        return {"kind": "comm", "op": st.op, "axis": st.axis, "link": st.link, "after_compute": after,
+                "priced_link": pricer.link(st.op, st.axis), "root": st.root, "what": st.what,
+                "group_size": st.group_size, "shape": st.shape, "bytes_per_rank": st.bytes_per_rank,
+                "size_bytes": st.size_bytes, "seconds": pricer.step_seconds(st, after)}
     return {"kind": "comm" if st.is_comm else "local", "op": st.op, "axis": st.axis, "link": st.link,
             "after_compute": after,
             "priced_link": pricer.link(st.op, st.axis) if st.is_comm else None, "src": list(map(str, st.src)),
@@ -124,6 +133,9 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
         for r in rows:
             if r["kind"] == "compute":
                 what = f"{r['expr']}  {' x '.join(map(str, r['operand_shapes']))}"
+            elif "root" in r:
+                what = (f"{r['op']} axis {r['axis']} ({r['link']}, {r['group_size']} ranks) {r['what']} "
+                        f"{'from' if r['op'] == 'bcast' else 'to'} member {r['root']} {r['bytes_per_rank']} B/rank")
             else:
                 what = (f"{r['op']} axis {r['axis']} ({r['link']}, {r['group_size']} ranks) "
                         f"[{', '.join(r['src'])}] -> [{', '.join(r['dst'])}] {r['bytes_per_rank']} B/rank"

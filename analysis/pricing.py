@@ -8,9 +8,12 @@ in the step's own time (communication or compute, as the harness measures it). A
 follows a local computation in its schedule is priced by the calibration's after-compute models where it has them
 (`commcal fit --after-compute`): on a time-shared host such calls run slower than back to back. Calibrations without a
 copy rate (before version 3) price no traffic and no copies.
-Fallback when the calibration lacks that (op, link): intra -> spread -> inter; inter -> spread -> intra;
-spread -> inter -> intra (the link actually used is what breakdowns report); an op it lacks on every link
-costs infinity. Each such (op, axis) is a Fallback, which the front doors report (and --strict refuses).
+The mesh is placed on the calibration's switch levels (Mesh.placed, Calibration.switch_spans): an axis whose groups
+cross racks is priced on that level's class (inter2, ...), one within a rack on inter.
+Fallback when the calibration lacks that (op, link) (microbench.links.fallback): intra -> spread -> inter;
+inter -> spread -> intra; spread -> inter -> intra; a switch level to the nearest other level, then spread and intra
+(the link actually used is what breakdowns report); an op it lacks on every link costs infinity. Each such
+(op, axis) is a Fallback, which the front doors report (and --strict refuses).
 
 Link sharing: all groups of a mesh axis run at once. Where k of them have ranks on one node and the priced
 link leaves the node (inter, spread), they share that node's network link (`nics_per_node` of them), so
@@ -28,7 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from analysis.mesh import Mesh
-from microbench.links import FALLBACK
+from microbench.links import fallback
 from microbench.ops import itemsize
 
 
@@ -49,13 +52,13 @@ class Fallback:
 
 def resolve(calibration, op: str, wanted: str) -> str | None:
     """The first link class in `wanted`'s fallback order that the calibration has `op` on, or None."""
-    return next((lk for lk in FALLBACK[wanted] if calibration.has(op, lk)), None)
+    return next((lk for lk in fallback(wanted) if calibration.has(op, lk)), None)
 
 
 class Pricer:
     def __init__(self, calibration, mesh: Mesh, dtype: str = "float32", nics_per_node: int = 1):
         self.cal = calibration
-        self.mesh = mesh
+        self.mesh = mesh.placed(calibration.switch_spans())
         self.flops_per_s = calibration.gemm_flops_per_s(dtype)
         self.compute_latency_s = calibration.gemm_latency_s(dtype)
         self.itemsize = itemsize(dtype)

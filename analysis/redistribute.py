@@ -109,10 +109,11 @@ class Plan:
         return tuple(sorted({s.gather_dim if s.op == "allgather" else s.scatter_dim for s in self.steps if s.permutes}))
 
 
-def _volume(op: str, p: int) -> float:
-    """Bytes one rank sends per byte of its input buffer (the route metric)."""
+def volume(op: str, p: int) -> float:
+    """Bytes one rank sends per byte of its input buffer under a bandwidth-optimal algorithm, on average over the
+    group (the route metric; a rooted bcast or reduce moves its buffer to or from each of the p - 1 others)."""
     return {"allreduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p, "allgather": p - 1.0,
-            "alltoall": (p - 1) / p}.get(op, 0.0)
+            "alltoall": (p - 1) / p, "bcast": (p - 1) / p, "reduce": (p - 1) / p}.get(op, 0.0)
 
 
 def _moves(sig: Signature, axis: int, ndim: int, permutable: frozenset[int]):
@@ -155,7 +156,7 @@ def _graph(mesh_shape: tuple[int, ...], ndim: int, permutable: frozenset[int]) -
             else:
                 moves = list(_moves(sig, axis, ndim, permutable))
             for op, new, g, s in moves:
-                edges.append((frac * _volume(op.rstrip("*"), mesh_shape[axis]), sig[:axis] + (new,) + sig[axis + 1:],
+                edges.append((frac * volume(op.rstrip("*"), mesh_shape[axis]), sig[:axis] + (new,) + sig[axis + 1:],
                               (axis, op, g, s)))
         graph[sig] = edges
     return graph

@@ -15,12 +15,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from analysis import strategies as tp
 from analysis.layers import Layer, Schedule, Strategy
 from analysis.mesh import Mesh
 from analysis.models import Model
-from analysis.pricing import Pricer
+from analysis.pricing import Pricer, resolve
 from analysis.redistribute import Plan, adjoint, dual, plan
 from analysis.sbp import B, P, Signature
+from analysis.strategies import Selection
 
 
 def round_trip(shape, itemsize, src: Signature, dst: Signature, grad_src: Signature, grad_dst: Signature,
@@ -69,10 +71,15 @@ class Tables:
 
 
 class Tabulator:
-    """Builds Tables, caching schedules by layer shape and plan prices by (tensor, src, dst)."""
+    """Builds Tables, caching schedules by layer shape and plan prices by (tensor, src, dst). `selection` picks the
+    strategies priced (analysis.strategies); None: every SBP strategy and every Colossal-AI one whose collectives the
+    calibration has models for on some link class (the others go to `left_out`: id -> why), not their SBP
+    equivalents (the chain prices the SBP strategies with their redistributions already)."""
 
-    def __init__(self, pricer: Pricer):
+    def __init__(self, pricer: Pricer, selection: Selection | None = None):
         self.pricer = pricer
+        self.selection = selection
+        self.left_out: dict[str, str] = {}
         self._layers: dict = {}
         self._plans: dict = {}
         self._trans: dict = {}
@@ -81,16 +88,32 @@ class Tabulator:
         key = (replace(layer, name=""), need_dx)
         if key not in self._layers:
             mesh = self.pricer.mesh
-            strategies = layer.strategies(mesh)
-            schedules = [layer.schedule(s, mesh, need_dx) for s in strategies]
+            strategies, schedules = [], []
+            for s in tp.strategies(layer, mesh):
+                sc = tp.schedule(layer, s, mesh, need_dx)
+                if self._wanted(sc):
+                    strategies.append(s)
+                    schedules.append(sc)
             comm, comp = self.pricer.price([sc.steps for sc in schedules])
-            bad = np.array([not sc.feasible for sc in schedules])
+            bad = np.array([not sc.feasible for sc in schedules], dtype=bool)
             comm[bad] = np.inf
             comp[bad] = np.inf
             mem = np.array([sc.memory_bytes for sc in schedules], dtype=float)
             self._layers[key] = LayerOptions(layer, need_dx, strategies, schedules, comm, comp, mem)
         opt = self._layers[key]
         return opt if opt.layer is layer else replace(opt, layer=layer)
+
+    def _wanted(self, sc: Schedule) -> bool:
+        if self.selection is not None:
+            return self.selection.picks(sc.strategy)
+        fam = tp.family(sc.strategy)
+        if fam != "cai":
+            return fam == "sbp"
+        cal, axes = self.pricer.cal, self.pricer.mesh.axes
+        lacking = sorted({st.op for st in sc.steps if st.is_comm and resolve(cal, st.op, axes[st.axis].link) is None})
+        if lacking:
+            self.left_out[sc.strategy.id] = f"the calibration has no {', '.join(lacking)} model on any link class"
+        return not lacking
 
     def _price(self, plans: dict) -> None:
         """Seconds of every new plan in `plans` (key -> Plan), into the cache (inf where infeasible)."""
@@ -123,8 +146,8 @@ class Tabulator:
     def transition(self, a: LayerOptions, b: LayerOptions) -> np.ndarray:
         key = (replace(a.layer, name=""), a.need_dx, replace(b.layer, name=""), b.need_dx)
         if key not in self._trans:
-            ya = [a.layer.sigs(s) for s in a.strategies]
-            xb = [b.layer.sigs(s) for s in b.strategies]
+            ya = [tp.sigs(a.layer, s) for s in a.strategies]
+            xb = [tp.sigs(b.layer, s) for s in b.strategies]
             shape, isz = a.layer.out_shape, a.layer.itemsize
             fwd = [(ga.y, gb.x) for ga in ya for gb in xb]
             bwd = [(gb.dx, ga.dy) for ga in ya for gb in xb]
@@ -133,7 +156,7 @@ class Tabulator:
         return self._trans[key]
 
     def final(self, a: LayerOptions) -> np.ndarray:
-        gs = [a.layer.sigs(s) for s in a.strategies]
+        gs = [tp.sigs(a.layer, s) for s in a.strategies]
         shape, isz = a.layer.out_shape, a.layer.itemsize
         return (self.plan_seconds(shape, isz, [(g.y, resolved(g.y)) for g in gs])
                 + self.plan_seconds(shape, isz, [(resolved(g.y), g.dy) for g in gs]))

@@ -1,7 +1,8 @@
-"""`commcal search CAL --model SPEC --mesh 2x4 [--memory-cap 80G] [--top 5] [--json]`: the fastest SBP
-strategy per layer (exact by dynamic programming over the chain), its predicted time split into compute and
-communication per collective and link class, the runners-up, and how far coordinate descent lands; for a CNN also
-ParaDL's network strategies (analysis.paradl) beside it.
+"""`commcal search CAL --model SPEC --mesh 2x4 [--memory-cap 80G] [--top 5] [--json]`: the fastest strategy per
+layer (exact by dynamic programming over the chain; SBP, and for a linear layer on a grid-shaped mesh Colossal-AI's
+tensor-parallel ones, which are listed beside it), its predicted time split into compute and communication per
+collective and link class, the runners-up, and how far coordinate descent lands; for a CNN also ParaDL's network
+strategies (analysis.paradl) beside it.
 `commcal search CAL --model gpt3-175b --devices 1024 --gpus-per-node 8`: instead of a mesh, the whole space of
 training configurations (t, p, d, micro-batch, schedule, ZeRO, SP, recomputation, overlap) and the best few with
 their breakdown (analysis.training_view)."""
@@ -43,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_training_arguments(p, predict=False)
 
 
+def axis_links(pricer: Pricer) -> list[dict]:
+    """Each mesh axis's group shape and the link class (topology level) that prices its collectives."""
+    return [{"axis": a.axis, "size": a.size, "nodes": a.nodes, "ranks_per_node": a.ranks_per_node,
+             "level": a.level, "link": a.link} for a in pricer.mesh.axes]
+
+
 def run(args: argparse.Namespace) -> int:
     from calib.calibration import load_calibration
 
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     cap = parse_size(args.memory_cap) if args.memory_cap else None
     pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype, nics_per_node(args))
     t0 = time.perf_counter()
-    tables = Tabulator(pricer).tables(model)
+    tab = Tabulator(pricer)
+    tables = tab.tables(model)
     bad = [o.layer.name for o in tables.options if not (o.time_s < float("inf")).any()]
     if bad:
         reason = tables.options[[o.layer.name for o in tables.options].index(bad[0])].schedules[0].reason
@@ -77,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
                                       pricer.nics_per_node)
     out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
                coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0},
-               fallbacks=fallbacks)
+               fallbacks=fallbacks, axes=axis_links(pricer),
+               left_out=[{"strategy": k, "why": v} for k, v in sorted(tab.left_out.items())])
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"model {args.model}: {len(model.layers)} layers on mesh {mesh}; calibration {args.calibration}")
+    print("mesh axes: " + "; ".join(f"{a['axis']} ({a['size']}) on {a['link']}" for a in out["axes"]))
     print(f"predicted step time {fmt_s(out['total_s'])} = compute {fmt_s(out['compute_s'])} + communication "
           f"{fmt_s(out['comm_s'])}")
     for key, s in out["comm_by_collective"].items():
@@ -93,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         ups = ", ".join(f"{r['strategy']} +{fmt_s(r['extra_s'])}" for r in row["runners_up"])
         print(f"{row['layer']:<18} {row['count']:>4} {row['strategy']:<12} {fmt_s(row['time_s']):>10} "
               f"{fmt_s(row['comm_s']):>10} {fmt_s(row['compute_s']):>10} {fmt_bytes(row['memory_bytes']):>11}  {ups}")
+        if row["colossal"]:
+            print(f"{'':<18} {'':>4} Colossal-AI: " + ", ".join(f"{r['strategy']} +{fmt_s(r['extra_s'])}"
+                                                              for r in row["colossal"]))
+    for r in out["left_out"]:
+        print(f"not priced: {r['strategy']} ({r['why']})")
     cdr = out["coordinate_descent"]
     print(f"exact search {out['search_s']:.2f} s; coordinate descent ({args.restarts} restarts, window "
           f"{args.cd_window}) "

@@ -1,12 +1,14 @@
 """What a chosen assignment costs, as data for printing or JSON: the steps it runs (layer schedules,
 redistributions between layers, the output's resolution), time split into compute and communication per
-collective and link class, memory, and per-layer runners-up (the next best strategies with the others fixed)."""
+collective and link class, memory, and per-layer runners-up (the next best strategies with the others fixed) and, for
+a linear layer on a grid-shaped mesh, how its Colossal-AI strategies compare (analysis.colossal)."""
 
 from __future__ import annotations
 
 import re
 import numpy as np
 
+from analysis import strategies as tp
 from analysis.redistribute import plan
 from analysis.search import Tables, chain_cost, memory_of, node_costs, resolved, round_trip
 
@@ -16,7 +18,7 @@ def chain_steps(t: Tables, choice, permute: bool = True) -> list[tuple[str, tupl
     activations may reach a layer in the permuted order its stored weight matches (search's plans); False: in
     their canonical order, as the harness runs a whole network (analysis.harness_chain)."""
     mesh, opts = t.mesh, t.options
-    sigs = [o.layer.sigs(o.strategies[c]) for o, c in zip(opts, choice)]
+    sigs = [tp.sigs(o.layer, o.strategies[c]) for o, c in zip(opts, choice)]
     fwd, bwd = [], []
     for i, (o, c, g) in enumerate(zip(opts, choice, sigs)):
         shape, isz, name = o.layer.out_shape, o.layer.itemsize, o.layer.name
@@ -55,12 +57,16 @@ def summarize(t: Tables, choice, pricer, top: int = 3, cap: float | None = None)
         if i > 0:
             around += t.transitions[i - 1][choice[i - 1], :]
         around += t.transitions[i][:, choice[i + 1]] if i + 1 < len(opts) else t.final
-        order = [int(j) for j in np.argsort(around, kind="stable") if j != c and np.isfinite(around[j])][:top]
+        ranked = [int(j) for j in np.argsort(around, kind="stable") if j != c and np.isfinite(around[j])]
+        order = ranked[:top]
+        cai = [j for j in ranked if tp.family(o.strategies[j]) == "cai"]
         layers[key] = {"layer": key[0], "kind": type(o.layer).__name__, "count": 1, "strategy": sid,
                        "time_s": float(o.time_s[c]), "comm_s": float(o.comm_s[c]), "compute_s": float(o.compute_s[c]),
                        "memory_bytes": float(o.memory[c]),
                        "runners_up": [{"strategy": o.strategies[j].id, "extra_s": float(around[j] - around[c])}
-                                      for j in order]}
+                                      for j in order],
+                       "colossal": [{"strategy": o.strategies[j].id, "extra_s": float(around[j] - around[c])}
+                                    for j in cai]}
     return {"total_s": chain_cost(t, np.asarray(choice)), "compute_s": compute,
             "comm_s": float(sum(breakdown.values())), "comm_by_collective": dict(sorted(breakdown.items())),
             "memory_bytes": memory_of(t, choice), "memory_cap_bytes": cap, "layers": list(layers.values())}

@@ -6,14 +6,19 @@ per device from a calibration. Pure. docs/training.md derives each term; in shor
   groups span prices its collectives through analysis.pricing (one definition per collective, link sharing
   included): axis 0 carries the pipeline's point-to-point messages, axis 1 the data-parallel and ZeRO collectives,
   axis 2 the tensor-parallel ones.
-- Compute is every GEMM of a layer (forward; backward twice each) at the calibration's GEMM model, latency plus
-  flops at the rate, so small GEMMs run below peak; memory-bound kernels (norms, softmax, dropout, GeLU) move
-  their bytes at the local copy rate. Recomputation repeats the attention core (selective) or the forward (full).
+- Compute is every GEMM of a layer by shape (forward; backward its input and weight gradients) at the
+  calibration's GEMM model, latency plus flops at the rate over the share of SMs its waves of output tiles keep
+  busy, or its operands' and result's bytes at the copy rate where longer (a roofline); memory-bound kernels
+  (norms, softmax, dropout, GeLU, bias gradients, copies) move their bytes at the copy rate, each counted forward
+  and backward. Recomputation repeats the attention core (selective) or the forward (full).
 - Tensor parallelism all-reduces the activation twice each way per layer, or with sequence parallelism
-  reduce-scatters and all-gathers it; full recomputation repeats the forward ones.
+  reduce-scatters and all-gathers it (and all-gathers the sharded norm outputs again in the backward); full
+  recomputation repeats the forward ones. Collectives Megatron overlaps with GEMMs count in full.
 - A step is m micro-batches through the slowest stage, plus the schedule's bubble, plus its point-to-point
-  messages (1/t of the activation each: Megatron's scatter/gather), plus the data-parallel collectives not hidden
-  behind the backward pass, plus the optimizer (Adam: its bytes at the copy rate).
+  messages (1/t of the activation each, all-gathered at the receiver without SP: Megatron's scatter/gather), plus
+  the data-parallel collectives not hidden behind the backward pass, plus the optimizer (Megatron's mixed-precision
+  Adam step: its bytes at the copy rate).
+- Terms names these modelling choices so that benchmarks.published can show what each does to the error.
 - Memory per device (the first stage, which holds the most): fp16 parameters and gradients and fp32 Adam states
   (ZeRO 1 shards the states, 2 the gradients too, 3 the parameters too) and activations by Korthikanti et al. 2022
   (Table 2, by recomputation and sequence parallelism) times the schedule's in-flight micro-batches."""
@@ -39,8 +44,26 @@ PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 ADAM_TRAFFIC_BYTES = 28
 """Bytes an Adam step reads and writes per parameter it updates: fp32 weight, momentum, variance in and out, the
 fp16 gradient in and the fp16 weight out."""
+OPTIMIZER_TRAFFIC_BYTES = 54
+"""Bytes Megatron-LM's mixed-precision optimizer step moves per parameter: fp16 gradient to fp32 (2 + 4), unscale
+with the overflow check (4 + 4), the gradient norm for clipping (4), Adam on fp32 gradient, weight, momentum and
+variance (16 + 12), fp32 weight to fp16 (4 + 2), zeroing the fp16 gradient (2)."""
 AXES = {"pp": 0, "dp": 1, "tp": 2}
 """The mesh axis of each parallel dimension: (p, d, t), t varying fastest."""
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The modelling choices a step is priced with, all on (the model); benchmarks.published --ablation switches
+    each off in turn to show what it does to the error against published runs (docs/training.md)."""
+
+    gemm_traffic: bool = True       # a GEMM's operands and result at the copy rate where that is longer (roofline)
+    gemm_waves: bool = True         # output in whole tiles, in whole waves over the SMs
+    kernels: bool = True            # memory-bound kernels priced (off: free)
+    kernel_passes: bool = True      # each backward kernel counted (off: twice the forward's traffic)
+    optimizer_passes: bool = True   # the mixed-precision optimizer's passes (off: Adam's alone)
+    pp_gather: bool = True          # scatter/gather's all-gather after each pipeline message (no SP)
+    sp_regather: bool = True        # SP's backward all-gathers of the sharded norm outputs, counted like the rest
 
 
 @dataclass(frozen=True)
@@ -225,7 +248,7 @@ class TrainingPricer:
     caching what configurations share: a pricer per (t, p, d), a layer's times per (t, mb, sp, recompute)."""
 
     def __init__(self, calibration, model: Transformer, devices: int, gpus_per_node: int, dtype: str,
-                 nics_per_node: int = 1, memory_bytes: float | None = None):
+                 nics_per_node: int = 1, memory_bytes: float | None = None, terms: Terms = Terms()):
         if devices < 1 or gpus_per_node < 1:
             raise UsageError("--devices and --gpus-per-node must be at least 1")
         if devices > gpus_per_node and devices % gpus_per_node:
@@ -238,6 +261,8 @@ class TrainingPricer:
         self.itemsize = itemsize(dtype)
         self.nics_per_node = nics_per_node
         self.memory_bytes = memory_bytes
+        self.terms = terms
+        self._wave = calibration.gemm_wave(dtype)
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
         self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
 
@@ -254,8 +279,29 @@ class TrainingPricer:
     def _comm(self, pricer: Pricer, op: str, dim: str, nbytes: float) -> float:
         return float(pricer.seconds(op, AXES[dim], [nbytes])[0])
 
-    def _gemm(self, flops: float) -> float:
-        return self._probe.compute_seconds(flops)
+    def _gemms(self, shapes, backward: bool = False) -> float:
+        """Seconds of GEMMs given as (batch, m, n, k): each call at the calibration's GEMM model (latency plus flops
+        at the rate) or, where longer, its operands and result at the copy rate (a roofline; Terms.gemm_traffic);
+        backward: each GEMM's two, the input gradient (batch, m, k, n) and the weight gradient (batch, k, n, m)."""
+        if backward:
+            shapes = [g for bt, m, n, k in shapes for g in ((bt, m, k, n), (bt, k, n, m))]
+        total = 0.0
+        for bt, m, n, k in shapes:
+            elements = bt * (m * k + k * n + m * n) if self.terms.gemm_traffic else 0.0
+            total += self._probe.compute_seconds(2.0 * bt * m * n * k / self._waves(bt, m, n), elements)
+        return total
+
+    def _waves(self, bt: int, m: int, n: int) -> float:
+        """The share of the tile slots a GEMM's output fills: whole tiles (tile quantization) in whole waves of one tile
+        per SM (wave quantization); 1 where the calibration gives no tiles."""
+        if self._wave is None or not self.terms.gemm_waves:
+            return 1.0
+        per_wave, rows, cols = self._wave
+        best = 0.0
+        for tm, tn in ((rows, cols), (cols, rows)):         # the library picks the better orientation
+            slots = math.ceil(bt * -(-m // tm) * -(-n // tn) / per_wave) * per_wave * tm * tn
+            best = max(best, bt * m * n / slots)
+        return best
 
     def _traffic(self, elements: float) -> float:
         return self._probe.compute_seconds(0.0, elements)
@@ -270,17 +316,16 @@ class TrainingPricer:
     def _price_layers(self, c: Config) -> tuple[_Layer, _Layer, _Layer]:
         m, t, b = self.model, c.t, c.micro_batch
         s, h, a, f, V = m.seq, m.hidden, m.heads, m.ffn, m.vocab
-        tokens = b * s
-        gemm, traffic = self._gemm, self._traffic
-        core = [2 * b * s * s * h / t] * 2                      # scores and context, batched over heads
-        dense = [2 * tokens * h * 3 * h / t, 2 * tokens * h * h / t, 2 * tokens * h * f / t, 2 * tokens * f * h / t]
+        tokens, hd = b * s, h // a
+        gemms, traffic = self._gemms, self._traffic
+        core = [(b * a // t, s, s, hd), (b * a // t, s, hd, s)]            # scores QK^T and context AV, per head
+        dense = [(1, tokens, 3 * h // t, h), (1, tokens, h, h // t), (1, tokens, f // t, h), (1, tokens, h, f // t)]
         hs = tokens * h / (t if c.sp else 1)                    # replicated norm/dropout regions (split with SP)
-        attn = b * a * s * s / t
-        core_elem = [2 * attn, 2.5 * attn]                      # softmax, dropout (with its byte mask)
-        other_elem = [2 * hs, 3.5 * hs, 2 * hs, 3.5 * hs, 2 * tokens * f / t]   # norms, bias-dropout-adds, GeLU
-        fwd_core = sum(map(gemm, core)) + sum(map(traffic, core_elem))
-        fwd = fwd_core + sum(map(gemm, dense)) + sum(map(traffic, other_elem))
-        bwd = 2 * sum(map(gemm, core + dense)) + sum(traffic(2 * e) for e in core_elem + other_elem)
+        A, H, F = b * a * s * s / t, tokens * h / t, tokens * f / t
+        kf, kb = self._kernels(hs, A, H, F)
+        fwd_core = gemms(core) + traffic(kf["core"])
+        fwd = fwd_core + gemms(dense) + traffic(kf["rest"])
+        bwd = gemms(core + dense, backward=True) + traffic(kb["core"] + kb["rest"])
         rec = {"none": 0.0, "selective": fwd_core, "full": fwd}[c.recompute]
         act = tokens * h * self.itemsize
         pricer = self.pricer(c.t, c.p, c.d)
@@ -290,14 +335,34 @@ class TrainingPricer:
             tp_fwd = 2 * (self._comm(pricer, "allgather", "tp", act) + self._comm(pricer, "reduce_scatter", "tp", act))
         else:
             tp_fwd = 2 * self._comm(pricer, "allreduce", "tp", act)
-        layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd, tp_fwd if c.recompute == "full" else 0.0)
+        regather = 2 * self._comm(pricer, "allgather", "tp", act) if c.sp and self.terms.sp_regather else 0.0
+        layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd + regather, tp_fwd if c.recompute == "full" else 0.0)
         one_way = 0.0 if t == 1 else self._comm(pricer, "reduce_scatter" if c.sp else "allreduce", "tp", act)
         embed = _Layer(traffic(2 * tokens * h), traffic(2 * tokens * h), 0.0, one_way, 0.0, 0.0)
-        logits = [2 * tokens * h * V / t]
+        logits = [(1, tokens, V // t, h)]
         gather = 0.0 if not (t > 1 and c.sp) else self._comm(pricer, "allgather", "tp", act)
-        head = _Layer(sum(map(gemm, logits)) + traffic(3 * tokens * V / t) + traffic(2 * hs),
-                      2 * sum(map(gemm, logits)) + traffic(3 * tokens * V / t), 0.0, gather, gather, 0.0)
+        head = _Layer(gemms(logits) + traffic(3 * tokens * V / t) + traffic(2 * hs),
+                      gemms(logits, backward=True) + traffic(3 * tokens * V / t), 0.0, gather, gather, 0.0)
         return layer, embed, head
+
+    def _kernels(self, hs: float, A: float, H: float, F: float) -> tuple[dict, dict]:
+        """Elements the memory-bound kernels of a layer read and write (a byte mask counts half an element),
+        forward and backward, split into the attention core (what selective recomputation repeats) and the rest.
+        hs: the norm/dropout region (b s h, /t with SP); A: attention scores (b a s^2 / t); H: b s h / t;
+        F: b s f / t. Terms.kernels off: none; Terms.kernel_passes off: backward twice the forward."""
+        if not self.terms.kernels:
+            return {"core": 0.0, "rest": 0.0}, {"core": 0.0, "rest": 0.0}
+        fwd = {"core": 2 * A + 2.5 * A,                          # scale-mask-softmax; dropout with its mask
+               "rest": 2 * hs + 3.5 * hs + 2 * hs + 3.5 * hs + 2 * F}   # norms, bias-dropout-adds, bias-GeLU
+        if not self.terms.kernel_passes:
+            return fwd, {k: 2 * v for k, v in fwd.items()}
+        fwd["core"] += 2 * H                                    # context heads back to [s, b, h/t] (a copy)
+        bwd = {"core": 3 * A + 2.5 * A + 2 * H,                 # softmax and dropout backward; the context copy
+               "rest": 2 * 5 * hs                               # norms: dx, and the scale/shift gradients
+               + 2 * (2.5 * hs + hs + 3 * hs)                   # dropout backward, bias gradient, residual add
+               + 4 * F                                          # GeLU backward and its bias gradient
+               + 6 * H + 3 * H}                                 # Q, K, V gradients joined; QKV bias gradient
+        return fwd, bwd
 
     def stage_params(self, c: Config) -> float:
         """Parameters per device on the first stage: its layers' share and the (tied) embedding's, split t ways."""
@@ -358,10 +423,11 @@ class TrainingPricer:
         stage_avg = n * layer.total + (embed.total + head.total) / c.p
         pricer = self.pricer(c.t, c.p, c.d)
         message = self.model.seq * c.micro_batch * self.model.hidden * self.itemsize / c.t
-        pp = c.schedule.messages(c.p, m) * self._comm(pricer, "pingpong", "pp", message) if c.p > 1 else 0.0
+        pp = c.schedule.messages(c.p, m) * self._message(c, pricer, message) if c.p > 1 else 0.0
         dp_total, dp_exposed = self._dp(c, m, pricer, n * layer.fwd + embed.fwd, n * layer.bwd + embed.bwd)
         handled = self.stage_params(c) / (c.d if c.zero >= 1 else 1)
-        optimizer = self._traffic(handled * ADAM_TRAFFIC_BYTES / self.itemsize)
+        per_param = OPTIMIZER_TRAFFIC_BYTES if self.terms.optimizer_passes else ADAM_TRAFFIC_BYTES
+        optimizer = self._traffic(handled * per_param / self.itemsize)
         bubble = c.schedule.bubble_slots(c.p) * stage_avg
         compute = m * (n * layer.compute + sum(x.compute for x in extras))
         recompute = m * n * layer.rec
@@ -372,6 +438,13 @@ class TrainingPricer:
             ("dp", "allreduce" if c.zero == 0 else "reduce_scatter", c.d > 1)) if used}
         return Step(c, m, total, compute, recompute, tp, pp, bubble, dp_exposed, dp_total - dp_exposed, optimizer,
                     mem, links)
+
+    def _message(self, c: Config, pricer: Pricer, nbytes: float) -> float:
+        """One pipeline message: 1/t of the activation each way between stages, then (without SP, whose
+        activations are already split) the receiving stage's all-gather of the whole (Megatron's scatter/gather)."""
+        gather = c.t > 1 and not c.sp and self.terms.pp_gather
+        return self._comm(pricer, "pingpong", "pp", nbytes) + (
+            self._comm(pricer, "allgather", "tp", nbytes * c.t) if gather else 0.0)
 
     def _link(self, pricer: Pricer, op: str, dim: str) -> str:
         wanted = pricer.mesh.axes[AXES[dim]].link

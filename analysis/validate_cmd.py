@@ -1,5 +1,5 @@
-"""`commcal validate CAL --layer SPEC [--layer SPEC ...] --mesh 2x2 --out DIR` (under mpirun/srun): run each
-layer's SBP strategies for real, check their numerics, time every step, and score the predicted ranking
+"""`commcal validate CAL --layer SPEC [--layer SPEC ...] --mesh 2x2 [--strategies sbp,cai] --out DIR` (under
+mpirun/srun): run each layer's strategies (SBP, Colossal-AI's, or those named) for real, check their numerics, time every step, and score the predicted ranking
 against the measured one. DIR gets strategies.parquet/.csv (predicted beside measured, one row per layer and
 strategy), steps.parquet/.csv (every step), summary.json (metrics with 95% CIs, per layer and overall,
 end to end and communication only; the link classes priced by another's models) and run.json (provenance): the
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from analysis.layers import Layer
 from analysis.models import Model, parse_model
 from analysis.options import add_dtype_argument, add_nics_argument, add_strict_argument
+from analysis.strategies import Selection, parse_selection
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
 from microbench.stats import StopRule
@@ -38,8 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "strategies that apply on the mesh (data, filter, channel, spatial on a 1-d mesh; data, "
                         "filter, channel, data+filter, data+spatial on a 2-d one): one row per strategy, the network "
                         "forward and backward end to end")
-    p.add_argument("--strategies", default=None, metavar="LIST",
-                   help="with --model: only these network strategies, e.g. data,filter")
     p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
@@ -70,6 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="huge pages for the harness's numpy arrays (default: the advice the calibration's sweeps "
                         "gave their buffers, so steps and calibration run on the same kind of pages; numpy's "
                         "default where the calibration does not say)")
+    p.add_argument("--strategies", default="sbp", metavar="LIST",
+                   help="the strategies run: families (sbp: the SBP strategies; cai: Colossal-AI's tensor-parallel "
+                        "linear layers cai-1d-col, cai-1d-row, cai-2d, cai-2.5d, cai-3d where the mesh is their grid; "
+                        "cai-sbp: each one's SBP equivalent between the same placements, id SBP@cai-KIND) and "
+                        "strategy ids, comma-separated, e.g. cai,cai-sbp or cai-2d,m.n/ws (default: sbp); for --model, "
+                        "ParaDL's network strategies by name, e.g. data,filter (default: every one that applies on the "
+                        "mesh)")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"({PRESETS.say('max_strategies')})")
@@ -86,6 +92,7 @@ class Config:
     rounds: int
     refine_rounds: int
     refine_margin: float
+    selection: Selection
 
 
 def config(args) -> Config:
@@ -99,10 +106,8 @@ def config(args) -> Config:
                          "--bootstrap >= 0")
     if not args.layer and not args.model and not args.quick:
         raise UsageError("give at least one --layer SPEC or --model SPEC (or --quick for the quick preset's layers)")
-    if args.strategies is not None and not args.model:
-        raise UsageError("--strategies names network strategies: it needs --model")
     return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds, refine,
-                  args.refine_margin)
+                  args.refine_margin, parse_selection(args.strategies))
 
 
 def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:

@@ -1,4 +1,5 @@
-"""Which strategies `commcal validate` runs, checked before any rank starts: every one feasible on the mesh and
+"""Which strategies `commcal validate` runs, checked before any rank starts: those --strategies picks (at least one per
+layer), every one feasible on the mesh and
 every collective priced on some link class; above --max-strategies, the predicted top half and a seeded sample
 of the rest; and the contenders that the refinement passes time again."""
 
@@ -36,15 +37,14 @@ def check_links(name: str, runs: list[tuple[str, list]], pricer) -> None:
                                                                          f" --ops ...,{st.op}"))
 
 
-def _network_strategies(args, mesh) -> list[str]:
-    """--strategies (each known and applicable on the mesh), or every ParaDL strategy that applies there."""
+def _network_strategies(selection, mesh) -> list[str]:
+    """The ParaDL strategies --strategies names (each must apply on the mesh), or where it names none, every one
+    that applies there."""
     here = applicable(mesh)
-    if args.strategies is None:
+    names = [name for name in STRATEGIES if name in selection.names]
+    if not names:
         return here
-    names = [t.strip() for t in args.strategies.split(",") if t.strip()]
     for name in names:
-        if name not in STRATEGIES:
-            raise UsageError(f"unknown network strategy {name!r}; choose from {', '.join(STRATEGIES)}")
         if name not in here:
             raise UsageError(f"network strategy {name} does not run on a {len(mesh.shape)}-d mesh; there: "
                              f"{', '.join(here)}")
@@ -78,14 +78,17 @@ def plan(args, cfg, layers: list, cal, mesh):
     calibration and the ones to run chosen; all that validate does with the calibration before running anything,
     so a calibration it cannot use fails here, before MPI starts the harness."""
     pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
-    tab = Tabulator(pricer)
+    tab = Tabulator(pricer, cfg.selection)
     work = []
     for name, layer in layers:
         if isinstance(layer, Model):
-            opts = network_options(layer, _network_strategies(args, mesh), tab)
+            opts = network_options(layer, _network_strategies(cfg.selection, mesh), Tabulator(pricer))
             check_links(f"network {name}", [(s.id, opts.steps(i)) for i, s in enumerate(opts.strategies)], pricer)
         else:
             opts = tab.options(layer, True)
+            if not opts.strategies:
+                raise UsageError(f"layer {name} has none of the strategies --strategies {cfg.selection} picks on mesh "
+                                 f"{'x'.join(map(str, mesh.shape))}")
             check_feasible(name, opts, "x".join(map(str, mesh.shape)))
             check_links(f"layer {name}", [(sc.strategy.id, sc.steps) for sc in opts.schedules], pricer)
         work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))

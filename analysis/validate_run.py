@@ -42,6 +42,9 @@ def main(args, cfg, layers, cal) -> int:
     say = print if world.rank == 0 else (lambda *a, **k: None)
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}; host allocator {allocator}, pages {pages}", flush=True)
+    advice = list(cal.path_advice())
+    for line in advice:
+        say(f"warning: {line}", flush=True)
     slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
     if slowdown is not None and (warning := memcopy.advice(slowdown)):
         say(f"warning: {warning}", flush=True)
@@ -67,7 +70,8 @@ def main(args, cfg, layers, cal) -> int:
             steals = coll.world_max(np.array([-1.0 if t.cpu_steal is None else t.cpu_steal for t in timings]))
             for (i, why, bench), timed, steal in zip(benches, timings, steals):
                 timed = replace(timed, cpu_steal=float(steal) if steal >= 0 else None)   # the most stolen host
-                rows.append(_row(name, layer, opts, i, why, bench.prog, timed) | {"refined": i in refined})
+                rows.append(_row(name, layer, opts, i, why, bench.prog, timed)
+                            | {"refined": i in refined, "sent_bytes": bench.sent_bytes})
                 steps += _step_rows(name, opts.strategies[i].id, bench.prog, timed, pricer)
             say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
                 + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
@@ -80,8 +84,8 @@ def main(args, cfg, layers, cal) -> int:
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
-               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2)},
-               fallbacks)
+               {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
+                "calibration_advice": advice}, fallbacks)
     return 0
 
 
@@ -106,6 +110,8 @@ def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
 
 
 def _row(name, layer, opts, i, why, prog, timed) -> dict:
+    """One strategy's predicted and measured figures; comm_bytes: the bytes per rank its collectives' buffers hold
+    (sent_bytes, beside it, is what the harness counted)."""
     comm_steps = sum(it.is_comm for it in prog.items)
     return {"layer": name, "kind": type(layer).__name__, "strategy": opts.strategies[i].id, "selected": why,
             "predicted_s": float(opts.time_s[i]), "predicted_comm_s": float(opts.comm_s[i]),
@@ -114,7 +120,8 @@ def _row(name, layer, opts, i, why, prog, timed) -> dict:
             "measured_ci_high_s": timed.total.ci_high, "measured_comm_s": timed.comm.median,
             "measured_compute_s": timed.compute.median, "samples": timed.total.samples,
             "target_met": timed.target_met, "rounds": timed.rounds, "round_spread": timed.round_spread,
-            "comm_steps": comm_steps, "max_rel_err": timed.max_rel_err, "cpu_steal": timed.cpu_steal}
+            "comm_steps": comm_steps, "comm_bytes": sum(it.entry.bytes_per_rank for it in prog.items if it.is_comm),
+            "max_rel_err": timed.max_rel_err, "cpu_steal": timed.cpu_steal}
 
 
 def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
@@ -167,6 +174,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "page_policy: huge-page advice of the harness's numpy arrays (validate --page-policy)",
                   "fallbacks: collectives priced by another link class's models than their mesh axis's (wanted), "
                   "which the calibration lacks",
+                  "calibration_advice: ways the calibration was made that are known to rank strategies worse than "
+                  "the default path (a quick preset, one MPI launch between nodes)",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

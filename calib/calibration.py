@@ -18,11 +18,15 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
-provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown)."""
+provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal's method, thread level unknown;
+12 added models[op][link].launch_spread, provenance.runs[].preset and .launches; absent: no point measured in more
+than one MPI launch, preset and launches unknown; 13 added compute.gemm.*.wave_tiles,
+tile_rows and tile_cols; absent: no wave quantization; 14 added topology, the switch levels, and the link classes
+inter2..inter9; absent: flat, one inter level)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -179,9 +183,32 @@ class Calibration:
         (calibrations before version 8)."""
         return next((r["page_policy"] for r in self.result.provenance["runs"] if "page_policy" in r), None)
 
+    def path_advice(self) -> tuple[str, ...]:
+        """One line per way this calibration was made that is known to rank strategies worse than the default path
+        (docs/methodology.md, "The default path"): a quick preset, or sweeps that measured between nodes in one MPI
+        launch only. Empty where the provenance does not say (older files, imports, specs)."""
+        runs = self.result.provenance.get("runs", [])
+        lines = []
+        if any(r.get("preset") == "quick" for r in runs):
+            lines.append("calibration from a quick sweep (sweep --quick, COMMCAL_PRESET=quick): the quick presets are "
+                         "for trying commcal out and rank strategies worse; sweep with the defaults to validate")
+        between_nodes = any(link != "intra" for _, link in self._models)
+        if between_nodes and runs and all(r.get("launches") == 1 for r in runs):
+            lines.append("every point was measured in one MPI launch: modes an MPI library picks per launch are not "
+                         "in its prices (slurm/sweep.sh measures in two; docs/methodology.md#launches)")
+        return tuple(lines)
+
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
         return {k: dict(v) for k, v in self.result.link_classes.items()}
+
+    def switch_spans(self) -> tuple[int, ...]:
+        """Nodes under one switch at each switch level (1 up), the fewest of any switch of that level, as a mesh
+        places its nodes (analysis.mesh): () for a flat calibration (no topology, or one level)."""
+        levels = (self.result.topology or {}).get("levels", [])
+        if len(levels) < 2:
+            return ()
+        return tuple(min(len(g) for g in lv["groups"]) for lv in levels)
 
     def groups_per_node(self, link: str) -> int:
         """How many groups of `link` per node ran at once when it was measured (1 before sweep --concurrent)."""
@@ -261,6 +288,13 @@ class Calibration:
         """The hardware spec the calibration was written from (provenance origin), or None for a measured one."""
         return next((r["origin"]["spec"] for r in self.result.provenance["runs"] if "spec" in r.get("origin", {})),
                     None)
+
+    def gemm_wave(self, dtype: str) -> tuple[int, int, int] | None:
+        """(tiles per wave, tile rows, tile cols) of the device's GEMMs (calibrations from a spec that gives them,
+        version >= 13), or None: no wave quantization priced."""
+        self.gemm_flops_per_s(dtype)
+        g = self.result.gemm[dtype]
+        return None if g.wave_tiles is None else (int(g.wave_tiles), int(g.tile_rows), int(g.tile_cols))
 
     def gemm_latency_s(self, dtype: str) -> float:
         """Per-call overhead of a local product (0 in calibrations before version 3)."""

@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 
 from calib.algorithms import P2P_OPS, algorithm, candidates, distinguishable
-from calib.result import (AfterCompute, CalibrationResult, Candidate, CopyRate, GemmRate, HockneyRow, Model,
-                          p2p_of)
+from calib.result import (AfterCompute, CalibrationResult, Candidate, CopyRate, GemmRate, HockneyRow, LaunchSpread,
+                          Model, p2p_of)
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.segments import Points, fit_piecewise
 from microbench.errors import UsageError
-from microbench.links import MEANING
+from microbench.links import meaning
 from microbench.ops import LOCAL_OPS
 
 
@@ -71,6 +71,29 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
     return other if gain > max(share * bic[0].median, least_gain) else bic
 
 
+LAUNCH_WARN = 0.10
+"""Above this launch spread (half the range of a point's per-launch medians, relative to the median) a point counts as
+moving between MPI launches, and fit warns: the MPI library chose another mode (a protocol, a placement) in another
+launch, so one launch's time is not the time every launch sees (docs/methodology.md, "Launches")."""
+
+
+def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:
+    """The launch spread of one model's points: per (procs, size), the larger of the spread within a run (its sweep's
+    launches) and between the runs fitted together; None where no point was measured in two launches or more."""
+    rows = []
+    for (procs, size), g in df.groupby(["procs", "size_bytes"]):
+        launches = int(pd.to_numeric(g["launches"], errors="coerce").fillna(1).clip(lower=1).sum())
+        within = pd.to_numeric(g["launch_spread"], errors="coerce").fillna(0.0).max()
+        across = (g["seconds"].max() - g["seconds"].min()) / 2 / g["seconds"].median() if len(g) > 1 else 0.0
+        if launches >= 2:
+            rows.append((max(float(within), float(across)), launches, float(size), int(procs)))
+    if not rows:
+        return None
+    spreads = np.array([r[0] for r in rows])
+    worst = rows[int(np.argmax(spreads))]
+    return LaunchSpread(max(r[1] for r in rows), len(rows), float(np.median(spreads)), worst[0], worst[2], worst[3])
+
+
 def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[Model | None, list[str]]:
     """The chosen model of one (op, link), and its warnings (None: too few points)."""
     tag = f"{op}/{link}"
@@ -103,12 +126,18 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[M
         if held.median > opts.target_median_abs_rel_err:
             warnings.append(f"{tag}: held-out median error {held.median:.1%} over all sizes exceeds the "
                             f"{opts.target_median_abs_rel_err:.0%} target")
+    spread = launch_spread(df)
+    if spread is not None and spread.max > LAUNCH_WARN:
+        warnings.append(f"{tag}: points move between MPI launches by up to {spread.max:.0%} "
+                        f"({spread.max_at_bytes:g} B, {spread.max_at_procs} ranks; median {spread.median:.1%} over "
+                        f"{spread.n_points} points): the MPI library picks a mode per launch; the model prices their "
+                        f"pooled median")
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
     by_name = {f.algorithm.name: (h, f) for h, f, _ in choices}
     cand = [Candidate(alg.name, h.median, h.p90, len(f.segments))
             for alg in algs for h, f in [by_name.get(alg.name, (held, fit))]]
     model = Model.build(chosen.name, chosen.description, procs, identifiable, opts.method,
-                        [s.segment() for s in fit.segments], cand, held.result(), warnings, least)
+                        [s.segment() for s in fit.segments], cand, held.result(), warnings, least, spread)
     return model, warnings
 
 
@@ -166,7 +195,7 @@ def _link_classes(points: pd.DataFrame) -> dict:
     out = {}
     for link, sub in points[~points["op"].isin(LOCAL_OPS)].groupby("link"):
         shapes = sub[["procs", "nodes", "ranks_per_node"]].drop_duplicates().sort_values("procs")
-        out[str(link)] = {"meaning": MEANING.get(str(link), str(link)), "nodes": int(shapes["nodes"].max()),
+        out[str(link)] = {"meaning": meaning(str(link)), "nodes": int(shapes["nodes"].max()),
                           "ranks_per_node": int(shapes["ranks_per_node"].max()),
                           "procs": sorted({int(p) for p in shapes["procs"]}),
                           "groups_per_node": int(sub["groups_per_node"].max()),
@@ -245,4 +274,4 @@ def fit_result(runs: RunSet, opts: FitOptions = FitOptions(), after: RunSet | No
         provenance={"run_ids": [r["run_id"] for r in all_runs], "runs": list(all_runs)},
         link_classes=_link_classes(pts), models=models, hockney=tuple(hockney), p2p=p2p_of(models, P2P_OPS),
         gemm=gemm_rates(pts[pts["op"] == "gemm"]), warnings=tuple(warnings), after_compute=after_models,
-        copy=copy_rate(pts[pts["op"] == "copy"]))
+        copy=copy_rate(pts[pts["op"] == "copy"]), topology=runs.topology)

@@ -12,12 +12,13 @@ import pandas as pd
 
 from microbench import records
 from microbench.errors import UsageError
-from microbench.links import LINK_CLASSES
+from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import pooled_estimate
+from microbench.switches import Topology
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
-         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node")
+         "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node", "launches", "launch_spread")
 SECONDS = (1e-12, 1e6)
 """The samples a fit uses: times a timed call can take, a picosecond to 11.6 days. Samples outside (zero or negative
 times, or absurd ones from a file edited by hand) are left out, and so are points left with none: the fit weighs each
@@ -33,6 +34,7 @@ class RunSet:
     points: pd.DataFrame
     runs: tuple[dict, ...]
     notes: tuple[str, ...]            # warnings about the runs, one line each: points left out, CPU steal
+    topology: dict | None = None      # the switch levels the runs measured on (run.json topology); None: flat
 
 
 def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
@@ -56,7 +58,16 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
             "method": records.timing_method(meta),
             **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {}),
-            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {})}
+            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {}), **_sweep_path(meta)}
+
+
+def _sweep_path(meta: dict) -> dict:
+    """A sweep's preset and launch count as the calibration keeps them (empty for imports and runs that predate the
+    records: unknown)."""
+    options, resumed = meta.get("options"), meta.get("resumed_at")
+    if not isinstance(options, dict) or "quick" not in options or not isinstance(resumed, list):
+        return {}
+    return {"preset": "quick" if options["quick"] else "default", "launches": 1 + len(resumed)}
 
 
 def _thread_level(meta: dict) -> dict | None:
@@ -114,7 +125,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     sizes = records.positive(pts["requested_bytes"]) & records.positive(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),
-        ("not a link class", pts["link"].isin(LINK_CLASSES)),
+        ("not a link class", pts["link"].map(is_link)),
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
         ("a process, node or group count that is not a whole number >= 1", counts),
         ("a size that is not a positive number", sizes),
@@ -124,7 +135,8 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     return pts.astype({c: "int64" for c in (*_COUNTS, "requested_bytes", "size_bytes", "wrong")}), notes
 
 
-def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
+def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]:
+    """(usable points, provenance, notes, the switch levels from run.json or None where flat or unrecorded)."""
     meta = records.read_run_json(run_dir)
     summary = records.load_summary(run_dir)
     try:
@@ -157,7 +169,18 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str]]:
     pts["run_id"] = run_id
     backend = meta.get("backend") if isinstance(meta.get("backend"), str) else "mpi"
     pts["backend"] = pts["backend"].fillna(backend).astype(str)
-    return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir)
+    return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir), _levels(meta, run_dir)
+
+
+def _levels(meta: dict, run_dir: Path) -> dict | None:
+    """run.json's topology where it has switch levels (sweeps since calibration version 14), else None (flat)."""
+    topo = meta.get("topology")
+    if not isinstance(topo, dict) or not topo.get("levels"):
+        return None
+    try:
+        return Topology.from_json(topo).to_json()
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{run_dir}/run.json: malformed topology (expected source and levels[].groups)") from None
 
 
 def check_pages(runs) -> None:
@@ -176,12 +199,18 @@ def method(run: dict) -> str:
 def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool = False) -> RunSet:
     """All points of the given runs; UsageError on a bad directory, a mix of backends without --backend, or a mix
     of timing methods (a peer's loop mean is not commcal's median) unless mix_methods."""
-    frames, runs, notes = [], [], []
+    frames, runs, notes, topologies = [], [], [], {}
     for d in run_dirs:
-        pts, prov, why = _one_run(Path(d))
+        pts, prov, why, topo = _one_run(Path(d))
         frames.append(pts)
         runs.append(prov)
         notes += why
+        if topo is not None:
+            topologies.setdefault(repr(topo["levels"]), (d, topo))
+    if len(topologies) > 1:
+        (a, _), (b, _) = list(topologies.values())[:2]
+        raise UsageError(f"runs {a} and {b} were measured on different switch trees (run.json topology); fit them "
+                         f"separately")
     caches, gaps, gemms = (sorted({r[name] for r in runs}) for name in ("cache", "gap_ms", "after_gemm"))
     if len(caches) > 1:
         raise UsageError(f"runs mix {' and '.join(caches)} buffers (sweep --cache); fit them separately")
@@ -216,4 +245,5 @@ def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool
         raise UsageError(f"runs mix concurrent and one-rank {op} measurements of {dtype}; fit them separately")
     for col in ("procs", "nodes", "ranks_per_node", "requested_bytes", "size_bytes", "groups", "groups_per_node"):
         points[col] = points[col].astype("int64")
-    return RunSet(points.reset_index(drop=True), tuple(runs), tuple(notes))
+    topology = next(iter(topologies.values()))[1] if topologies else None
+    return RunSet(points.reset_index(drop=True), tuple(runs), tuple(notes), topology)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 11
+VERSION = 14
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -102,11 +102,24 @@ class HeldOut(Record):
 
 
 @dataclass(frozen=True)
+class LaunchSpread(Record):
+    """How far a model's points measured in more than one MPI launch (a sweep and its resumptions, or several runs
+    fitted together) moved between launches: half the range of the launches' medians relative to the median."""
+
+    launches: int
+    n_points: int
+    median: float
+    max: float
+    max_at_bytes: float
+    max_at_procs: int
+
+
+@dataclass(frozen=True)
 class Model(Record):
     """The chosen model of one (op, link): its algorithm, segments, the headline alpha (smallest sizes) and beta
     (largest) with their intervals, the candidates tried and the held-out error."""
 
-    NESTED = {"segments": Segment, "candidates": Candidate, "heldout": HeldOut}
+    NESTED = {"segments": Segment, "candidates": Candidate, "heldout": HeldOut, "launch_spread": LaunchSpread}
 
     algorithm: str
     algorithm_description: str
@@ -122,15 +135,17 @@ class Model(Record):
     candidates: tuple[Candidate, ...]
     heldout: HeldOut
     warnings: tuple[str, ...]
+    launch_spread: LaunchSpread | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def build(cls, algorithm: str, description: str, procs, identifiable: bool, fit_method: str, segments,
-              candidates, heldout: HeldOut, warnings, min_segment_sizes: int | None = None) -> "Model":
+              candidates, heldout: HeldOut, warnings, min_segment_sizes: int | None = None,
+              launch_spread: LaunchSpread | None = None) -> "Model":
         """A model whose headline alpha is its first segment's and beta its last's."""
         first, last = segments[0], segments[-1]
         return cls(algorithm, description, tuple(procs), identifiable, fit_method, min_segment_sizes, first.alpha_s,
                    tuple(first.alpha_ci95_s), last.beta_s_per_byte, tuple(last.beta_ci95_s_per_byte),
-                   tuple(segments), tuple(candidates), heldout, tuple(warnings))
+                   tuple(segments), tuple(candidates), heldout, tuple(warnings), launch_spread)
 
     @property
     def params(self) -> dict[str, float]:
@@ -178,7 +193,8 @@ class PointToPoint(Record):
 
 @dataclass(frozen=True)
 class GemmRate(Record):
-    """A dtype's saturated GEMM rate, its peak, where it saturates, and the per-call latency (version >= 3)."""
+    """A dtype's saturated GEMM rate, its peak, where it saturates, the per-call latency (version >= 3), and the
+    output tiles of rows x cols one wave of the device runs at once (version >= 13; absent: no wave quantization)."""
 
     flops_per_s: float
     peak_flops_per_s: float
@@ -186,6 +202,9 @@ class GemmRate(Record):
     n_points: int
     latency_s: float | None = field(default=None, metadata=OPTIONAL)
     groups_per_node: int | None = field(default=None, metadata=OPTIONAL)
+    wave_tiles: int | None = field(default=None, metadata=OPTIONAL)
+    tile_rows: int | None = field(default=None, metadata=OPTIONAL)
+    tile_cols: int | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -246,7 +265,7 @@ def p2p_of(models: Models, p2p_ops) -> dict[str, dict[str, PointToPoint]]:
 @dataclass(frozen=True, eq=False)
 class CalibrationResult:
     """A whole calibration: models by (op, link) in file order (by op, then link), the after-compute models, Hockney rows, point-to-point
-    parameters, GEMM and copy rates, device memory (None: unknown), warnings; `fit`, `provenance` and `link_classes` are the file's objects."""
+    parameters, GEMM and copy rates, device memory (None: unknown), warnings; `fit`, `provenance`, `link_classes` and `topology` are the file's objects."""
 
     created_utc: str
     backend: str
@@ -262,6 +281,7 @@ class CalibrationResult:
     copy: CopyRate | None = None
     memory_bytes: float | None = None
     version: int = VERSION
+    topology: dict | None = None    # the switch levels the sweeps measured on (version >= 14); None: flat
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", _grouped(self.models))
@@ -271,10 +291,11 @@ class CalibrationResult:
         after = {} if self.after_compute is None else {"after_compute": self.after_compute.to_json()}
         copy_rate = {} if self.copy is None else {"copy": self.copy.to_json()}
         memory = {} if self.memory_bytes is None else {"memory_bytes": self.memory_bytes}
+        topology = {} if self.topology is None else {"topology": deepcopy(self.topology)}
         return {
             "schema": SCHEMA, "version": self.version, "created_utc": self.created_utc, "backend": self.backend,
             "fit": deepcopy(self.fit), "provenance": deepcopy(self.provenance),
-            "link_classes": deepcopy(self.link_classes), "models": _models_to_json(self.models), **after,
+            **topology, "link_classes": deepcopy(self.link_classes), "models": _models_to_json(self.models), **after,
             "hockney": [h.to_json() for h in self.hockney],
             "p2p": {op: {link: q.to_json() for link, q in by.items()} for op, by in self.p2p.items()},
             "compute": {"gemm": {dt: g.to_json() for dt, g in self.gemm.items()}, **memory, **copy_rate},
@@ -297,7 +318,7 @@ class CalibrationResult:
                    {dt: GemmRate.from_json(g) for dt, g in data["compute"]["gemm"].items()}, tuple(data["warnings"]),
                    None if after is None else AfterCompute.from_json(after),
                    None if copy_rate is None else CopyRate.from_json(copy_rate), data["compute"].get("memory_bytes"),
-                   data["version"])
+                   data["version"], deepcopy(data.get("topology")))
 
     @classmethod
     def of(cls, cal) -> "CalibrationResult":

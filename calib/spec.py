@@ -23,7 +23,7 @@ from calib.algorithms import CANDIDATES, P2P_OPS
 from calib.result import CalibrationResult, CopyRate, GemmRate, p2p_of
 from calib.synthetic import TrueModel, exact_models, link_shape
 from microbench.errors import UsageError
-from microbench.links import MEANING
+from microbench.links import meaning
 from microbench.ops import itemsize
 
 SPEC_SCHEMA = "commcal.spec"
@@ -31,7 +31,9 @@ SPEC_VERSION = 1
 SPEC_KEYS = {"schema", "version", "machine", "description", "sources", "backend", "tiers", "device"}
 TIER_KEYS = {"name", "devices", "bandwidth_GBps", "efficiency", "latency_us"}
 DEVICE_KEYS = {"memory_GiB", "memory_GBps", "memory_efficiency", "peak_tflops", "gemm_max_efficiency",
-               "gemm_half_gflop"}
+               "gemm_half_gflop", "sms", "gemm_tile"}
+OPTIONAL_KEYS = {"description", "sources", "sms", "gemm_tile"}
+"""Keys a spec may leave out: a device without `sms` and `gemm_tile` is priced without wave quantization."""
 SIZES = tuple(2 ** k for k in range(3, 35))     # 8 B .. 16 GiB: the range the models state they hold over
 
 
@@ -45,7 +47,7 @@ def _number(obj: dict, key: str, where: str, low: float = 0.0, high: float = mat
 def _keys(obj, allowed: set[str], where: str) -> dict:
     if not isinstance(obj, dict):
         raise UsageError(f"{where} must be a JSON object")
-    extra, missing = sorted(set(obj) - allowed), sorted(allowed - set(obj) - {"description", "sources"})
+    extra, missing = sorted(set(obj) - allowed), sorted(allowed - set(obj) - OPTIONAL_KEYS)
     if extra or missing:
         raise UsageError(f"{where}: {'unknown' if extra else 'missing'} key '{(extra or missing)[0]}'")
     return obj
@@ -74,6 +76,7 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         _number(device, key, f"{path}: device")
     for key in ("memory_efficiency", "gemm_max_efficiency"):
         _number(device, key, f"{path}: device", high=1.0)
+    wave = _wave(device, f"{path}: device")
     peaks = device["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise UsageError(f"{path}: device.peak_tflops must map dtypes to TFLOP/s")
@@ -87,7 +90,7 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
     for link, tier in classes.items():
         procs = _procs(link, tier["devices"], per_node)
         shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *_shape(link, p, per_node)))) for p in procs]
-        links[link] = {"meaning": MEANING[link], "nodes": max(s["nodes"] for s in shapes),
+        links[link] = {"meaning": meaning(link), "nodes": max(s["nodes"] for s in shapes),
                        "ranks_per_node": max(s["ranks_per_node"] for s in shapes), "procs": procs, "shapes": shapes,
                        "groups_per_node": 1 if link == "intra" else per_node}
         line = TrueModel.line(tier["latency_us"] * 1e-6, 1.0 / (tier["bandwidth_GBps"] * 1e9 * tier["efficiency"]))
@@ -100,7 +103,7 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         rate = peak * device["gemm_max_efficiency"]
         half = device["gemm_half_gflop"] * 1e9
         n90 = (9 * half / 2) ** (1 / 3)               # square GEMM at 90% of the curve's maximum
-        gemm[dtype] = GemmRate(rate, peak, float(n90 * n90 * _itemsize(dtype, path)), 1, half / rate, per_node)
+        gemm[dtype] = GemmRate(rate, peak, float(n90 * n90 * _itemsize(dtype, path)), 1, half / rate, per_node, *wave)
     copy = CopyRate(device["memory_GBps"] * 1e9 * device["memory_efficiency"], 0.0, 1, per_node)
     text = json.dumps(spec, sort_keys=True)
     run = {"run_id": f"spec-{spec['machine']}", "dir": path, "date": datetime.now(timezone.utc).isoformat(),
@@ -116,6 +119,20 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         provenance={"run_ids": [run["run_id"]], "runs": [run]}, link_classes=links, models=built, hockney=(),
         p2p=p2p_of(built, P2P_OPS), gemm=gemm, warnings=(f"from the hardware spec {path}, not measured",), copy=copy,
         memory_bytes=device["memory_GiB"] * 2 ** 30)
+
+
+def _wave(device: dict, where: str) -> tuple:
+    """(tiles per wave, tile rows, tile cols) from `sms` and `gemm_tile` (one output tile per SM at a time), or
+    Nones where the spec gives neither."""
+    if "sms" not in device and "gemm_tile" not in device:
+        return (None, None, None)
+    sms, tile = device.get("sms"), device.get("gemm_tile")
+    if not (isinstance(sms, int) and not isinstance(sms, bool) and sms >= 1):
+        raise UsageError(f"{where}: key 'sms' must be a positive integer (with gemm_tile), not {sms!r}")
+    if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                               and x >= 1 for x in tile)):
+        raise UsageError(f"{where}: key 'gemm_tile' must be [rows, cols] of positive integers (with sms), not {tile!r}")
+    return (sms, *tile)
 
 
 def _itemsize(dtype: str, where: str) -> int:
@@ -139,6 +156,11 @@ def _shape(link: str, procs: int, per_node: int) -> tuple[int, int]:
 
 def load_spec(path) -> CalibrationResult:
     """Read a spec file (or a shipped one by name, e.g. 'selene') into its calibration."""
+    return from_spec(read_spec(path), str(path))
+
+
+def read_spec(path) -> dict:
+    """The JSON of a spec file, or of a shipped one by name (e.g. 'selene')."""
     p = Path(path)
     if not p.exists() and p.suffix == "":
         shipped = Path(__file__).with_name(f"{p.name}.spec.json")
@@ -149,4 +171,4 @@ def load_spec(path) -> CalibrationResult:
         raise UsageError(f"{path}: cannot read spec ({exc.strerror or exc})") from None
     except ValueError as exc:
         raise UsageError(f"{path}: not valid JSON ({exc})") from None
-    return from_spec(spec, str(path))
+    return spec

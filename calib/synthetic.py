@@ -16,7 +16,7 @@ from calib.algorithms import CANDIDATES, P2P_OPS, algorithm
 from calib.result import (AfterCompute, CalibrationResult, Candidate, GemmRate, HeldOut, Model, p2p_of)
 from calib.result import Segment as FitSegment
 from microbench import records
-from microbench.links import MEANING
+from microbench.links import link_level, meaning
 from microbench.atomic import atomic_write, atomic_write_json, atomic_write_text
 from microbench.ops import COMM_DTYPE, OPS, gemm_flops, itemsize
 
@@ -57,11 +57,11 @@ class TrueModel:
 
 
 def link_shape(link: str, procs: int) -> tuple[int, int]:
-    """(nodes, ranks_per_node) of a link class at p ranks: intra one node, inter one rank per node,
-    spread two nodes."""
+    """(nodes, ranks_per_node) of a link class at p ranks: intra one node, inter and the switch levels one rank
+    per node, spread two nodes."""
     if link == "intra":
         return 1, procs
-    if link == "inter":
+    if link_level(link):
         return procs, 1
     return 2, max(1, procs // 2)
 
@@ -72,10 +72,12 @@ def _as_model(spec) -> TrueModel:
 
 def synthetic_result(models: dict, links: dict[str, list[int]] | None = None,
                      gemm: dict[str, float] | None = None, backend: str = "mpi",
-                     sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None) -> CalibrationResult:
+                     sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None,
+                     topology: dict | None = None) -> CalibrationResult:
     """A calibration of exactly the given models. models: {(op, link): TrueModel or (alpha_s, beta_s_per_byte)};
     links: {link: [process counts measured]} (default: each model's link at p = 2, 4, 8);
-    gemm: {dtype: FLOP/s}; after_compute: models as `models`, for collectives after a local computation."""
+    gemm: {dtype: FLOP/s}; after_compute: models as `models`, for collectives after a local computation;
+    topology: the switch levels (microbench.switches.Topology.to_json)."""
     links = links or {link: [2, 4, 8] for _, link in models}
     out_models = exact_models(models, links, sizes)
     after = None if not after_compute else AfterCompute(384, ("synthetic-after",),
@@ -83,7 +85,7 @@ def synthetic_result(models: dict, links: dict[str, list[int]] | None = None,
     link_classes = {}
     for link, procs in links.items():
         shapes = [dict(zip(("procs", "nodes", "ranks_per_node"), (p, *link_shape(link, p)))) for p in sorted(procs)]
-        link_classes[link] = {"meaning": MEANING[link], "nodes": max(s["nodes"] for s in shapes),
+        link_classes[link] = {"meaning": meaning(link), "nodes": max(s["nodes"] for s in shapes),
                               "ranks_per_node": max(s["ranks_per_node"] for s in shapes),
                               "procs": sorted(procs), "shapes": shapes}
     return CalibrationResult(
@@ -92,14 +94,15 @@ def synthetic_result(models: dict, links: dict[str, list[int]] | None = None,
              "target_median_abs_rel_err": 0.15, "commcal_version": "synthetic"},
         provenance={"run_ids": ["synthetic"], "runs": []}, link_classes=link_classes, models=out_models, hockney=(),
         p2p=p2p_of(out_models, P2P_OPS), gemm={dt: GemmRate(float(r), float(r), 0.0, 1) for dt, r in (gemm or {}).items()},
-        warnings=("synthetic calibration, not fitted from measurements",), after_compute=after)
+        warnings=("synthetic calibration, not fitted from measurements",), after_compute=after, topology=topology)
 
 
 def synthetic_calibration(models: dict, links: dict[str, list[int]] | None = None,
                           gemm: dict[str, float] | None = None, backend: str = "mpi",
-                          sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None) -> dict:
+                          sizes: tuple[int, ...] = DEFAULT_SIZES, after_compute: dict | None = None,
+                          topology: dict | None = None) -> dict:
     """synthetic_result as a valid calibration dict."""
-    return synthetic_result(models, links, gemm, backend, sizes, after_compute).to_json()
+    return synthetic_result(models, links, gemm, backend, sizes, after_compute, topology).to_json()
 
 
 def exact_models(models: dict, links: dict[str, list[int]], sizes: tuple[int, ...],

@@ -90,6 +90,9 @@ class PointSummary:
     rounds: int = 1          # visits pooled into this point, each in another pass over the sweep (time window)
     round_spread: float = 0.0  # half the range of the visits' medians, relative to the median: drift between
                                # time windows, which the CI of the pooled samples does not see
+    launches: int = 1        # MPI launches (a run and its resumptions) whose visits are pooled into this point
+    launch_spread: float = 0.0  # half the range of the launches' medians, relative to the median: modes an MPI
+                                # library picks per launch (protocol, placement), which one launch cannot see
 
     @property
     def ci_rel_half_width(self) -> float:
@@ -103,11 +106,14 @@ class PointSummary:
 
 
 SUMMARY_COLUMNS = tuple(PointSummary.__dataclass_fields__)
-ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1, "rounds": 1, "round_spread": 0.0}
+ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1, "rounds": 1, "round_spread": 0.0, "launches": 1,
+                 "launch_spread": 0.0}
 """Summary columns added after the first runs were written, with the value those runs meant."""
-SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round")
+SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round", "launch")
 """samples: time_s is one timed iteration, the max over the participating ranks; round is the visit (0-based)
-it was taken in (0 in runs written before rounds)."""
+it was taken in, launch the MPI launch (0: the run's first, k: its k-th resumption). Runs written before either
+read as 0."""
+ADDED_SAMPLE_COLUMNS = ("round", "launch")
 
 
 def conditions(options: dict, where: str = "run.json") -> dict:
@@ -240,24 +246,25 @@ def load_samples(run_dir: str | Path, columns: list[str] | None = None) -> pd.Da
     read_run_json(run_dir)
     consolidated = run_dir / "samples.parquet"
     if consolidated.is_file():
-        return _with_round(consolidated, columns)
+        return _with_added(consolidated, columns)
     done = {f.stem for f in (run_dir / "points").glob("*.json")}
-    frames = [_with_round(run_dir / "points" / f"{pid}.parquet", columns) for pid in sorted(done)]
+    frames = [_with_added(run_dir / "points" / f"{pid}.parquet", columns) for pid in sorted(done)]
     if not frames:
         raise UsageError(f"{run_dir}: run holds no samples")
     return pd.concat(frames, ignore_index=True)
 
 
-def _with_round(path: Path, columns: list[str] | None) -> pd.DataFrame:
-    """Read samples, giving files written before rounds their round column (0)."""
+def _with_added(path: Path, columns: list[str] | None) -> pd.DataFrame:
+    """Read samples, giving files written before them the ADDED_SAMPLE_COLUMNS (0)."""
     wanted = list(SAMPLE_COLUMNS if columns is None else columns)
-    if "round" not in wanted:
+    if not set(ADDED_SAMPLE_COLUMNS) & set(wanted):
         return _read_parquet(path, wanted, categorical=True)
     try:
-        has_round = "round" in pq.read_schema(path).names
+        names = set(pq.read_schema(path).names)
     except Exception:  # the read below names the corrupt file
-        has_round = True
-    frame = _read_parquet(path, wanted if has_round else [c for c in wanted if c != "round"], categorical=True)
-    if not has_round:
-        frame["round"] = 0
+        names = set(wanted)
+    missing = [c for c in ADDED_SAMPLE_COLUMNS if c in wanted and c not in names]
+    frame = _read_parquet(path, [c for c in wanted if c not in missing], categorical=True)
+    for col in missing:
+        frame[col] = 0
     return frame[wanted]

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
-from microbench.records import SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointSummary, read_run_json
+from microbench.records import ADDED_SAMPLE_COLUMNS, SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointSummary, read_run_json
 
 CONSOLIDATED = ("summary.parquet", "summary.csv", "samples.parquet")
 
@@ -44,18 +44,24 @@ class RunStore:
     def has_point(self, point_id: str) -> bool:
         return (self.points / f"{point_id}.json").is_file()
 
-    def read_point(self, point_id: str) -> tuple[np.ndarray, np.ndarray, int]:
-        """A point's samples, the round of each, and its wrong-element count, to pool a resumed visit with."""
+    def read_point(self, point_id: str) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """A point's samples, the round of each, its wrong-element count and the launch of each sample, to pool a
+        resumed visit with (points written before rounds or launches: 0)."""
         record = json.loads((self.points / f"{point_id}.json").read_text())
-        table = pq.read_table(self.points / f"{point_id}.parquet", columns=["time_s", "round"])
-        return (table.column("time_s").to_numpy(), table.column("round").to_numpy(), int(record["wrong"]))
+        table = pq.read_table(self.points / f"{point_id}.parquet")
+        zeros = np.zeros(table.num_rows, dtype=np.int64)
+        rounds, launches = (table.column(c).to_numpy() if c in table.column_names else zeros
+                            for c in ADDED_SAMPLE_COLUMNS)
+        return table.column("time_s").to_numpy(), rounds, int(record["wrong"]), launches
 
-    def write_point(self, summary: PointSummary, samples: np.ndarray, rounds: np.ndarray) -> None:
+    def write_point(self, summary: PointSummary, samples: np.ndarray, rounds: np.ndarray,
+                    launches: np.ndarray | None = None) -> None:
         """Samples first, then the summary record whose presence marks the point measured (its `rounds` says how
-        many visits it holds)."""
+        many visits it holds); `launches` None: all in one launch."""
+        launches = np.zeros(len(samples), dtype=np.int64) if launches is None else launches
         table = pa.table({"run_id": [summary.run_id] * len(samples), "point_id": [summary.point_id] * len(samples),
                           "iteration": np.arange(len(samples), dtype=np.int64), "time_s": samples,
-                          "round": np.asarray(rounds, dtype=np.int64)})
+                          "round": np.asarray(rounds, dtype=np.int64), "launch": np.asarray(launches, dtype=np.int64)})
         atomic_write(self.points / f"{summary.point_id}.parquet", lambda tmp: pq.write_table(table, tmp))
         atomic_write_json(self.points / f"{summary.point_id}.json", summary.to_dict())
 
@@ -79,13 +85,14 @@ class RunStore:
         atomic_write(self.out / "summary.csv", lambda tmp: summary.to_csv(tmp, index=False))
 
         def write_samples(tmp: str) -> None:
-            schema = pa.schema([("run_id", pa.string()), ("point_id", pa.string()),
-                                ("iteration", pa.int64()), ("time_s", pa.float64()), ("round", pa.int64())])
+            schema = pa.schema([("run_id", pa.string()), ("point_id", pa.string()), ("iteration", pa.int64()),
+                                ("time_s", pa.float64()), ("round", pa.int64()), ("launch", pa.int64())])
             with pq.ParquetWriter(tmp, schema) as writer:
                 for pid in ids:
                     table = pq.read_table(self.points / f"{pid}.parquet")
-                    if "round" not in table.column_names:     # a point written before rounds, in a resumed run
-                        table = table.append_column("round", pa.array(np.zeros(len(table), dtype=np.int64)))
+                    for col in ADDED_SAMPLE_COLUMNS:     # a point written before them, in a resumed run
+                        if col not in table.column_names:
+                            table = table.append_column(col, pa.array(np.zeros(len(table), dtype=np.int64)))
                     writer.write_table(table.select(list(SAMPLE_COLUMNS)))
 
         atomic_write(self.out / "samples.parquet", write_samples)

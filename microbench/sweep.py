@@ -18,6 +18,7 @@ from microbench.ops import COMM_DTYPE, Layout, Op, compute_phase, itemsize
 from microbench.records import PointKey, PointSummary
 from microbench.sizes import format_size
 from microbench.stats import StopRule, pooled_estimate, round_spread
+from microbench.switches import Topology
 from microbench.topology import Group, group_for, groups_per_node, tiles
 
 
@@ -39,6 +40,7 @@ class SweepConfig:
     gap_ms: float = 0.0
     after_gemm: int = 0
     method: str = "commcal"      # methods.METHODS: commcal's own timing, or a peer's (a reference mode)
+    topology: Topology = Topology()   # the job's switch levels (restricted to its nodes); flat: one inter level
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,10 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
         counts = (2,) if op.kind == "p2p" else cfg.procs
         for link in cfg.links:
             for p in counts:
-                group = group_for(link, p, hosts) if p >= 2 or (p == 1 and link == "intra") else None
+                group = group_for(link, p, hosts, cfg.topology) if p >= 2 or (p == 1 and link == "intra") else None
                 if group is None:
                     continue
-                together = tiles(link, p, hosts) if cfg.concurrent else (group,)
+                together = tiles(link, p, hosts, cfg.topology) if cfg.concurrent else (group,)
                 per_node = groups_per_node(together, hosts)
                 dtype = method.dtype(op.name)
                 for size in cfg.sizes:
@@ -123,12 +125,14 @@ class Pooled:
     samples: np.ndarray = field(default_factory=lambda: np.empty(0))
     rounds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     wrong: int = 0
+    launches: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
-    def add(self, m: driver.Measurement) -> Pooled:
-        """These visits and one more (numbered after the last)."""
+    def add(self, m: driver.Measurement, launch: int) -> Pooled:
+        """These visits and one more (numbered after the last), taken in MPI launch `launch`."""
         rnd = int(self.rounds.max()) + 1 if len(self.rounds) else 0
-        return Pooled(np.concatenate([self.samples, m.samples]),
-                      np.concatenate([self.rounds, np.full(len(m.samples), rnd, dtype=np.int64)]), self.wrong + m.wrong)
+        new = np.full(len(m.samples), rnd, dtype=np.int64)
+        return Pooled(np.concatenate([self.samples, m.samples]), np.concatenate([self.rounds, new]),
+                      self.wrong + m.wrong, np.concatenate([self.launches, np.full_like(new, launch)]))
 
     @property
     def visits(self) -> int:
@@ -136,6 +140,9 @@ class Pooled:
 
     def per_visit(self) -> list[np.ndarray]:
         return [self.samples[self.rounds == r] for r in np.unique(self.rounds)]
+
+    def per_launch(self) -> list[np.ndarray]:
+        return [self.samples[self.launches == k] for k in np.unique(self.launches)]
 
 
 def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pooled, rule: StopRule,
@@ -155,7 +162,8 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pool
         busbw_Bps=algbw * pt.op.bus_factor(p), wrong=pooled.wrong, flops=m.flops,
         flops_per_s=m.flops / est.median if m.flops and est.median > 0 else 0.0,
         groups=len(pt.groups), groups_per_node=pt.groups_per_node, rounds=pooled.visits,
-        round_spread=round_spread(visits, est.median))
+        round_spread=round_spread(visits, est.median), launches=len(np.unique(pooled.launches)),
+        launch_spread=round_spread(pooled.per_launch(), est.median))
 
 
 def _idle_until(req: MPI.Request) -> None:
@@ -194,10 +202,10 @@ class Progress:
 
 
 def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int], cfg: SweepConfig, run_id: str,
-               timer: Any, store: Any, backend: Any) -> int:
+               timer: Any, store: Any, backend: Any, launch: int = 0) -> int:
     """Visit every planned point cfg.rounds times, in passes over the plan (each visit with its share of the point
     budget), pooling the samples and checking results before the first visit and after the last; `done` holds
-    the visits already on disk. Then visit again (up to cfg.retries times, at the end) the points whose pooled CI
+    the visits already on disk and `launch` numbers this MPI launch of the run. Then visit again (up to cfg.retries times, at the end) the points whose pooled CI
     missed the target. Every visit is on disk before the next starts. Returns the number of wrong elements seen."""
     comms: dict[tuple[str, int, int], tuple[MPI.Comm, MPI.Comm]] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
@@ -232,10 +240,10 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
             if world.rank == 0:
                 pid = pt.key.point_id
                 earlier = Pooled(*store.read_point(pid)) if store.has_point(pid) else Pooled()
-                pooled = earlier.add(m)
+                pooled = earlier.add(m, launch)
                 s = summarize(run_id, pt, m, pooled, cfg.rule, timer.path)
                 wrong += m.wrong
-                store.write_point(s, pooled.samples, pooled.rounds)
+                store.write_point(s, pooled.samples, pooled.rounds, pooled.launches)
                 (unmet.discard if s.target_met else unmet.add)(pid)
                 progress.row(s, retry)
         _idle_until(world.Ibarrier())

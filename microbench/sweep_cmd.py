@@ -15,6 +15,7 @@ from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
 from microbench.stats import StopRule
+from microbench.switches import Topology, discover
 from microbench.threads import LEVELS, choose, record
 from microbench.topology import parse_links, parse_procs
 
@@ -30,7 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    f"({PRESETS.say('sizes')})")
     p.add_argument("--gemm-sizes", help=f"operand sizes for gemm and copy ({PRESETS.say('gemm_sizes')})")
     p.add_argument("--procs", help="process counts, e.g. 2,4,8 (default: powers of two up to the world, and the world)")
-    p.add_argument("--links", help="link classes to measure: intra, inter, spread (default: all the job can form)")
+    p.add_argument("--links", help="link classes to measure: intra, inter, inter2..inter9 (switch levels), spread "
+                                   "(default: all the job can form)")
+    p.add_argument("--topology", metavar="FILE",
+                   help="the switch tree, in Slurm's topology.conf syntax (SwitchName=S Nodes=... / Switches=...): "
+                        "each switch level becomes a link class (default: inside a Slurm job, `scontrol show "
+                        "topology`; else flat, every node pair one 'inter' level)")
     add_stop_arguments(p, PRESETS, "a point", "visit every point this many times, in passes over the whole sweep, "
                        "each with its share of the point budget, and pool the samples: one contiguous window on a "
                        "shared machine gives a median that another window does not reproduce")
@@ -42,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrent", action="store_true",
                    help="measure every disjoint group of a shape at once (as all groups of a mesh axis run in "
                         "training) instead of one group while the other ranks wait")
-    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks")
+    add_quick_argument(p, "a preset that finishes in under a minute on 2 local ranks, for trying commcal out: "
+                       "calibrations from it rank strategies worse, and validate says so")
     p.add_argument("--resume", action="store_true", help="finish the missing points of an earlier run in --out")
     add_backend_argument(p)
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
@@ -77,8 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
 
 
-def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tuple[str, ...]]):
-    """The sweep configuration from arguments (quick preset first, explicit flags override it)."""
+def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tuple[str, ...]],
+                 topology: Topology = Topology()):
+    """The sweep configuration from arguments (quick preset first, explicit flags override it); `topology`: the
+    job's switch levels."""
     from microbench.sweep import SweepConfig
 
     def pick(name: str):
@@ -102,7 +111,8 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
         raise UsageError("--rounds must be 1 or more")
     ops, cache = reference_ops(args)
     return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes"))),
-                       procs=tuple(parse_procs(args.procs, world_size)), links=tuple(parse_links(args.links)),
+                       procs=tuple(parse_procs(args.procs, world_size)),
+                       links=tuple(parse_links(args.links, topology.height)), topology=topology,
                        rule=rule, backend=args.backend, in_place=args.in_place, dtypes=dtypes, retries=args.retries,
                        concurrent=args.concurrent, rounds=rounds, cache=cache, gap_ms=args.gap_ms,
                        after_gemm=args.after_gemm,
@@ -164,6 +174,14 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
                              f"{show(now[name])}; its points would not pool with these")
 
 
+def _topology(path: str | None, hosts: list[str]) -> Topology | str:
+    """The job's switch levels (switches.discover, restricted to its nodes), or the one-line error."""
+    try:
+        return discover(path).restrict(hosts)
+    except UsageError as exc:
+        return str(exc)
+
+
 def run(args: argparse.Namespace) -> int:
     threads = choose(args.thread_level, args.backend)      # before MPI is initialised
     from mpi4py import MPI
@@ -177,8 +195,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--in-place applies to --backend nccl")
     build_config(args, world.size, {})             # reject bad arguments before touching a device
     hosts = world.allgather(MPI.Get_processor_name())
+    topology = world.bcast(_topology(args.topology, hosts) if world.rank == 0 else None, root=0)
+    if isinstance(topology, str):
+        raise UsageError(topology)
     backend = backend_for(args.backend, world, hosts)
-    cfg = build_config(args, world.size, {op.name: backend.dtypes(op) for op in parse_ops(args.ops) if op.local})
+    cfg = build_config(args, world.size, {op.name: backend.dtypes(op) for op in parse_ops(args.ops) if op.local},
+                       topology)
     points = sweep.plan(cfg, hosts)
     if not points:
         raise UsageError("nothing to measure: no link class in --links can be formed with these process counts")
@@ -215,8 +237,9 @@ def run(args: argparse.Namespace) -> int:
                          rounds=cfg.rounds,
                          concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
         meta["memcpy_alias_slowdown"] = round(slowdown, 2)
+        meta["topology"] = topology.to_json()
         meta["mpi_thread_level"] = record(threads)
-        run_id = meta["run_id"]
+        run_id, launch = meta["run_id"], len(meta["resumed_at"])
         store.start(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
@@ -229,10 +252,10 @@ def run(args: argparse.Namespace) -> int:
         if warning := memcopy.advice(slowdown):
             print(f"warning: {warning}", flush=True)
     else:
-        run_id, done = None, {}
-    run_id, done = world.bcast((run_id, done), root=0)
+        run_id, done, launch = None, {}, 0
+    run_id, done, launch = world.bcast((run_id, done, launch), root=0)
     counters = provenance.cpu_counters()
-    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend)
+    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend, launch)
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         store.consolidate()

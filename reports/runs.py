@@ -10,7 +10,7 @@ import pandas as pd
 
 from microbench.errors import UsageError
 from microbench.ops import OPS, known_dtype
-from microbench.links import LINK_CLASSES
+from microbench.links import is_link
 from microbench.records import as_numbers, load_summary, points_note, positive, read_run_json, screen, whole
 
 NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
@@ -58,7 +58,7 @@ def drawable(frame: pd.DataFrame, where) -> tuple[pd.DataFrame, list[str]]:
     named = frame[["backend", "dtype"]].map(lambda v: isinstance(v, str)).all(axis=1)
     frame, left_out = screen(frame, [
         ("not a known operation", frame["op"].isin(list(OPS))),
-        ("not a link class", frame["link"].isin(LINK_CLASSES)),
+        ("not a link class", frame["link"].map(is_link)),
         ("no backend or dtype", named),
         ("a dtype of unknown size", (frame["op"] != "gemm") | frame["dtype"].map(known_dtype)),
         ("a process count that is not a whole number >= 1", whole(frame["procs"], 1)),

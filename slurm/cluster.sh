@@ -3,8 +3,11 @@
 # each with its own hostname, optionally rate-limited with a token bucket (tc tbf), running real
 # Slurm (munged, slurmctld, one slurmd per node) and reachable by plain mpirun. Needs root.
 #
-#   slurm/cluster.sh up [--nodes N] [--rate RATE] [--cpus C] [--no-slurm]
-#                                  bring it up (default 2 nodes, no rate limit, 2 CPUs per node)
+#   slurm/cluster.sh up [--nodes N] [--rate RATE] [--cpus C] [--no-slurm] [--racks R [--rack-rate RATE]]
+#                                  bring it up (default 2 nodes, no rate limit, 2 CPUs per node); --racks:
+#                                  the nodes in R racks (consecutive nodes per rack), each rack's nodes on
+#                                  its own bridge, racks joined through a router namespace whose link into
+#                                  each rack is rate-limited at --rack-rate; writes a Slurm topology.conf
 #   slurm/cluster.sh down          stop everything it started and delete it (safe to run twice)
 #   slurm/cluster.sh status        namespaces, daemons, sinfo
 #   slurm/cluster.sh exec NODE CMD...   run CMD on a node (node1..nodeN, or ctl: the login node)
@@ -23,7 +26,11 @@
 # COMMCAL_CLUSTER_CPUS: defaults for `up`.
 #
 # Shape: a "ctl" namespace holds the bridge (10.77.0.254/24), slurmctld and the login side;
-# nodeK holds eth0 = 10.77.0.K/24. Each namespace has a small anchor process (sleep) that owns
+# nodeK holds eth0 = 10.77.0.K/24. With --racks R, rack r's nodes hold eth0 = 10.77.r.K/24 on bridge
+# brr (in ctl, layer 2 only) and route through a "router" namespace (10.77.r.254 on each rack, 10.77.0.253
+# on br0, IP forwarding), whose egress into each rack is tbf-limited at --rack-rate: in-rack traffic
+# meets a node's --rate, cross-rack traffic also the router's --rack-rate (docs/slurm.md, "Racks").
+# Each namespace has a small anchor process (sleep) that owns
 # its UTS (hostname) and mount namespace (private /etc/hosts); daemons and commands enter all
 # three namespaces with nsenter. A local unreachable route for 10.77.0.0/24 in the root
 # namespace makes anything started in the wrong namespace fail at once.
@@ -34,6 +41,7 @@ D=${COMMCAL_CLUSTER_DIR:-/tmp/commcal-cluster}
 NSPREFIX=commcal-
 SUBNET=10.77.0
 CTL_IP=$SUBNET.254
+RACKS_NET=10.77.0.0/16   # --racks: rack r is 10.77.r.0/24
 OWNER=/run/commcal-cluster.dir   # which state directory the running cluster belongs to
 
 die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
@@ -75,12 +83,11 @@ mpi_defaults() {
   # the environment); set them yourself to override.
   export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_btl=${OMPI_MCA_btl:-self,sm,tcp}
   export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-  # Eager TCP sends up to 64 MiB. Above the eager limit a send waits for the receiver's rendezvous
-  # ACK, which travels on the one socket of the rank pair, queued behind that rank's own outgoing
-  # fragments: in an exchange both ways (allgather, sendrecv) one direction then often waits for
-  # the other to finish. At the default 64 KiB, 1-4 MiB exchanges on a 400mbit link took 1x, 1.5x
-  # or 2x the wire time, the mode changing between launches; eager, 1.01-1.10x in every launch.
-  export OMPI_MCA_btl_tcp_eager_limit=${OMPI_MCA_btl_tcp_eager_limit:-67108864}
+  # Open MPI's own TCP eager limit (64 KiB), as a user's cluster has it. Above it a send waits for
+  # the receiver's rendezvous ACK, queued on the pair's one socket behind the other direction's
+  # data, so exchanges both ways may take 1x-2x the wire time, the mode changing between launches;
+  # the sweep measures every point in two launches to see that (docs/troubleshooting.md). Export
+  # OMPI_MCA_btl_tcp_eager_limit yourself to choose another limit (an option, not the default).
   # Vector memcpy, not REP MOVSB: on this host's AMD EPYC with glibc 2.36, a 4-128 KiB copy whose destination
   # starts 16 B past its source modulo 4 KiB (as numpy's back-to-back arrays do) ran 4-13x slower
   # (`python -m microbench.memcopy`), so intra-node collectives timed by where buffers happened to lie.
@@ -92,18 +99,25 @@ mpi_defaults() {
 cmd_up() {
   need_root
   local nodes=${COMMCAL_CLUSTER_NODES:-2} rate=${COMMCAL_CLUSTER_RATE:-} cpus=${COMMCAL_CLUSTER_CPUS:-2} slurm=1
+  local racks=0 rack_rate=
   while [ $# -gt 0 ]; do
     case $1 in
+      --racks) racks=$2; shift 2 ;;
+      --rack-rate) rack_rate=$2; shift 2 ;;
       --nodes) nodes=$2; shift 2 ;;
       --rate) rate=$2; shift 2 ;;
       --cpus) cpus=$2; shift 2 ;;
       --no-slurm) slurm=0; shift ;;
-      *) die "up: unknown option '$1' (--nodes N --rate RATE --cpus C --no-slurm)" ;;
+      *) die "up: unknown option '$1' (--nodes N --rate RATE --cpus C --no-slurm --racks R --rack-rate RATE)" ;;
     esac
   done
   [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 200 ] || die "--nodes must be 1..200"
   [[ $cpus =~ ^[0-9]+$ ]] && [ "$cpus" -ge 1 ] || die "--cpus must be a positive integer"
   [ -z "$rate" ] || [[ $rate =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] || die "--rate like 400mbit (tc units)"
+  [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -le 200 ] && [ $((racks ? nodes % racks : 0)) = 0 ] \
+    || die "--racks must divide --nodes (each rack the same number of consecutive nodes)"
+  [ -z "$rack_rate" ] || [ "$racks" -gt 0 ] || die "--rack-rate needs --racks"
+  [ -z "$rack_rate" ] || [[ $rack_rate =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] || die "--rack-rate like 200mbit (tc units)"
   for b in ip tc nsenter unshare; do command -v $b >/dev/null || die "missing '$b' (apt-get install iproute2 util-linux)"; done
   if [ $slurm = 1 ]; then
     for b in munged mungekey slurmctld slurmd sbatch; do
@@ -116,7 +130,10 @@ cmd_up() {
   if ip route show "$SUBNET.0/24" | grep -qv '^unreachable'; then
     die "the root namespace already routes $SUBNET.0/24; refusing to shadow it"
   fi
-  NODES_UP=$nodes CPUS_UP=$cpus
+  if [ "$racks" -gt 0 ] && ip route show "$RACKS_NET" | grep -qv '^unreachable'; then
+    die "the root namespace already routes $RACKS_NET; refusing to shadow it"
+  fi
+  NODES_UP=$nodes CPUS_UP=$cpus RACKS=$racks
   # From here on, any failure (or interruption) tears down what was started.
   UP_DONE=0
   trap 'if [ "$UP_DONE" = 0 ]; then log "up failed; tearing down"; cmd_down >/dev/null 2>&1 || true; fi' EXIT
@@ -129,12 +146,19 @@ NODES=$nodes
 RATE=$rate
 CPUS=$cpus
 SLURM=$slurm
+RACKS=$racks
+RACK_RATE=$rack_rate
 ROUTE_ADDED=0
+RACK_ROUTE_ADDED=0
 EOF
   # --- network -------------------------------------------------------------------------------
   if ! ip route show "$SUBNET.0/24" | grep -q '^unreachable'; then
     ip route add unreachable "$SUBNET.0/24"
     sed -i 's/^ROUTE_ADDED=0/ROUTE_ADDED=1/' "$D/state.env"
+  fi
+  if [ "$racks" -gt 0 ] && ! ip route show "$RACKS_NET" | grep -q '^unreachable'; then
+    ip route add unreachable "$RACKS_NET"
+    sed -i 's/^RACK_ROUTE_ADDED=0/RACK_ROUTE_ADDED=1/' "$D/state.env"
   fi
   local ctl=${NSPREFIX}ctl i ns
   ip netns add "$ctl"
@@ -142,10 +166,14 @@ EOF
   ip -n "$ctl" link add br0 type bridge
   ip -n "$ctl" addr add "$CTL_IP/24" dev br0
   ip -n "$ctl" link set br0 up
+  for ((i = 1; i <= racks; i++)); do
+    ip -n "$ctl" link add "br$i" type bridge
+    ip -n "$ctl" link set "br$i" up
+  done
   {
     echo "127.0.0.1 localhost"
     echo "$CTL_IP ctl"
-    for ((i = 1; i <= nodes; i++)); do echo "$SUBNET.$i node$i"; done
+    for ((i = 1; i <= nodes; i++)); do echo "$(node_addr $i) node$i"; done
   } >"$D/hosts"
   : >"$D/hostfile"
   for ((i = 1; i <= nodes; i++)); do
@@ -153,9 +181,9 @@ EOF
     ip netns add "$ns"
     ip -n "$ns" link set lo up
     ip -n "$ns" link add eth0 type veth peer name "veth-n$i" netns "$ctl"
-    ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0
+    ip -n "$ns" addr add "$(node_addr $i)/24" dev eth0
     ip -n "$ns" link set eth0 up
-    ip -n "$ctl" link set "veth-n$i" master br0
+    ip -n "$ctl" link set "veth-n$i" master "$(node_bridge $i)"
     ip -n "$ctl" link set "veth-n$i" up
     if [ -n "$rate" ]; then
       ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 64kb latency 50ms
@@ -164,6 +192,7 @@ EOF
     tune_ns "$ctl" "veth-n$i"
     echo "node$i slots=$cpus" >>"$D/hostfile"
   done
+  [ "$racks" = 0 ] || start_router "$rack_rate"
   # --- anchors: one process per node owning its hostname and private /etc/hosts -------------
   start_anchor ctl "$ctl"
   for ((i = 1; i <= nodes; i++)); do start_anchor "node$i" "${NSPREFIX}node$i"; done
@@ -174,7 +203,59 @@ EOF
   fi
   UP_DONE=1
   log "up: $nodes nodes (node1..node$nodes), ${rate:-no} rate limit, $cpus CPUs each, slurm=$slurm, state in $D"
+  [ "$racks" = 0 ] || log "racks: $racks of $((nodes / racks)) nodes, ${rack_rate:-no} rate limit between racks; switch tree in $D/topology.conf"
   log "try: slurm/cluster.sh sbatch --wrap hostname   or   eval \"\$(slurm/cluster.sh env)\"; sinfo"
+}
+
+rack_of() { echo $(( ($1 - 1) / (NODES_UP / RACKS) + 1 )); }   # rack_of I: node I's rack (--racks)
+
+node_addr() {  # node_addr I: node I's address (10.77.0.I; with --racks, 10.77.RACK.I)
+  if [ "${RACKS:-0}" -gt 0 ]; then echo "10.77.$(rack_of "$1").$1"; else echo "$SUBNET.$1"; fi
+}
+
+node_bridge() {  # node_bridge I: the bridge node I is on (br0; with --racks, its rack's)
+  if [ "${RACKS:-0}" -gt 0 ]; then echo "br$(rack_of "$1")"; else echo br0; fi
+}
+
+start_router() {  # start_router RACK_RATE: the namespace joining the racks, and every node's route through it
+  local router=${NSPREFIX}router ctl=${NSPREFIX}ctl r i
+  ip netns add "$router"
+  ip -n "$router" link set lo up
+  ip netns exec "$router" sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'
+  ip -n "$router" link add r-ctl type veth peer name up-ctl netns "$ctl"
+  ip -n "$router" addr add "$SUBNET.253/24" dev r-ctl
+  ip -n "$router" link set r-ctl up
+  ip -n "$ctl" link set up-ctl master br0
+  ip -n "$ctl" link set up-ctl up
+  ip -n "$ctl" route add "$RACKS_NET" via "$SUBNET.253"
+  for ((r = 1; r <= RACKS; r++)); do
+    ip -n "$router" link add "r-rack$r" type veth peer name "up-r$r" netns "$ctl"
+    ip -n "$router" addr add "10.77.$r.254/24" dev "r-rack$r"
+    ip -n "$router" link set "r-rack$r" up
+    ip -n "$ctl" link set "up-r$r" master "br$r"
+    ip -n "$ctl" link set "up-r$r" up
+    # the router's egress into rack r: every packet from another rack (or ctl) into rack r passes here
+    if [ -n "$1" ]; then
+      ip netns exec "$router" tc qdisc add dev "r-rack$r" root tbf rate "$1" burst 64kb latency 50ms
+    fi
+    tune_ns "$router" "r-rack$r"
+    tune_ns "$ctl" "up-r$r"
+  done
+  for ((i = 1; i <= NODES_UP; i++)); do
+    ip -n "${NSPREFIX}node$i" route add default via "10.77.$(rack_of "$i").254"
+  done
+  write_topology_conf
+}
+
+write_topology_conf() {  # Slurm's tree topology (topology.conf beside slurm.conf): a leaf switch per rack
+  local r per=$((NODES_UP / RACKS))
+  {
+    echo "# generated by commcal slurm/cluster.sh --racks: one leaf switch per rack, a spine above them"
+    for ((r = 1; r <= RACKS; r++)); do
+      echo "SwitchName=rack$r Nodes=node[$(((r - 1) * per + 1))-$((r * per))]"
+    done
+    echo "SwitchName=spine Switches=rack[1-$RACKS]"
+  } >"$D/topology.conf"
 }
 
 tune_ns() {  # tune_ns NETNS DEV: steadier TCP on a shared, busy machine (best effort)
@@ -275,9 +356,10 @@ NodeName=DEFAULT CPUs=$CPUS_UP Sockets=1 CoresPerSocket=$CPUS_UP ThreadsPerCore=
 EOF
   local i
   for ((i = 1; i <= NODES_UP; i++)); do
-    echo "NodeName=node$i NodeAddr=$SUBNET.$i NodeHostname=node$i" >>"$D/slurm.conf"
+    echo "NodeName=node$i NodeAddr=$(node_addr $i) NodeHostname=node$i" >>"$D/slurm.conf"
   done
   echo "PartitionName=local Nodes=node[1-$NODES_UP] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$D/slurm.conf"
+  if [ "${RACKS:-0}" -gt 0 ]; then echo "TopologyPlugin=topology/tree" >>"$D/slurm.conf"; fi
 }
 
 link_etc_slurm() {
@@ -354,6 +436,9 @@ cmd_down() {
   if [ "${ROUTE_ADDED:-0}" = 1 ] && ip route show "$SUBNET.0/24" | grep -q '^unreachable'; then
     ip route del unreachable "$SUBNET.0/24" 2>/dev/null || true
   fi
+  if [ "${RACK_ROUTE_ADDED:-0}" = 1 ] && ip route show "$RACKS_NET" | grep -q '^unreachable'; then
+    ip route del unreachable "$RACKS_NET" 2>/dev/null || true
+  fi
   if [ -f "$D/etc-link" ]; then
     f=$(cat "$D/etc-link")
     [ -L "$f" ] && [ "$(readlink "$f")" = "$D/slurm.conf" ] && rm -f "$f"
@@ -375,6 +460,7 @@ cmd_status() {
   if [ ! -f "$D/state.env" ]; then echo "no cluster (state dir $D)"; return 3; fi
   load_state
   echo "state: $D  nodes: $NODES  rate: ${RATE:-none}  cpus: $CPUS  slurm: $SLURM"
+  if [ "${RACKS:-0}" -gt 0 ]; then echo "racks: $RACKS  rack rate: ${RACK_RATE:-none}  topology: $D/topology.conf"; fi
   local f name rc=0
   for f in "$D"/pids/*.pid; do
     name=$(basename "$f" .pid)

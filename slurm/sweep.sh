@@ -24,10 +24,15 @@
 #   COMMCAL_OPS         operations, e.g. allreduce,allgather,pingpong (default: all)
 #   COMMCAL_SIZES       message sizes, e.g. 8:16M or 8,1K,1M,4M (default: the preset's)
 #   COMMCAL_PROCS       process counts, e.g. 2,4 (default: powers of two up to the job, and the job)
-#   COMMCAL_LINKS       link classes: intra,inter,spread (default: all the allocation can form)
+#   COMMCAL_LINKS       link classes: intra,inter,inter2..,spread (default: all the allocation can form;
+#                       switch levels from `scontrol show topology`, or --topology FILE in COMMCAL_SWEEP_ARGS)
 #   COMMCAL_BACKEND     mpi | mpi-cuda | nccl (default mpi)
 #   COMMCAL_TARGET_CI, COMMCAL_POINT_BUDGET   the sweep's stopping rule (--target-ci, --point-budget)
 #   COMMCAL_SWEEP_ARGS  more `commcal sweep` arguments, verbatim
+#   COMMCAL_ROUNDS      visits of every point (default 3, the sweep's own default)
+#   COMMCAL_LAUNCHES    MPI launches the rounds are split over (default 2): an MPI library may pick another
+#                       mode (protocol, placement) in each launch, and the fit sees and records how far points
+#                       move between launches only when they were measured in more than one; 1: one launch
 #   COMMCAL_AFTER_GEMM  N > 0: sweep a second time with an N x N GEMM before each call (run directory
 #                       RUN-after-gemmN) and fit it as the after-compute models, which price the collectives
 #                       that follow a computation in a training step (default 0: one sweep)
@@ -90,6 +95,11 @@ if [ -n "${COMMCAL_SWEEP_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_SWEEP_AR
 after_gemm=${COMMCAL_AFTER_GEMM:-0}
 case $after_gemm in '' | *[!0-9]*) fail "COMMCAL_AFTER_GEMM must be a whole number, not '$after_gemm'" 2 ;; esac
 after_dir=$run_dir-after-gemm$after_gemm
+rounds=${COMMCAL_ROUNDS:-3}
+launches=${COMMCAL_LAUNCHES:-2}
+case $rounds in '' | *[!0-9]* | 0) fail "COMMCAL_ROUNDS must be a whole number >= 1, not '$rounds'" 2 ;; esac
+case $launches in '' | *[!0-9]* | 0) fail "COMMCAL_LAUNCHES must be a whole number >= 1, not '$launches'" 2 ;; esac
+[ "$launches" -le "$rounds" ] || launches=$rounds
 
 # Open MPI: never bind every "node"'s rank to the same core; yield when idle (shared cores).
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
@@ -111,16 +121,21 @@ say "run directory $run_dir"
 say "calibration   $calibration"
 
 # --- 1. sweep (and the after-compute sweep) ---------------------------------------------------------
-run_sweep() {  # run_sweep DIR [more arguments]: one sweep into DIR, failing the job loudly
-  local dir=$1; shift
-  say "step 1/3: ${launch[*]} ${COMMCAL_CMD[*]} ${sweep_args[*]} $*"
-  set +e
-  "${launch[@]}" "${COMMCAL_CMD[@]}" "${sweep_args[@]}" "$@"
-  local rc=$?
-  set -e
-  if [ $rc -ne 0 ]; then
-    fail "step 1 (sweep) exited $rc; the error is above: a usage error, an MPI world that is not the $ntasks Slurm tasks, wrong results, a crash or the time limit. Finished points are kept in $dir: resubmit to resume" "$rc"
-  fi
+run_sweep() {  # run_sweep DIR [more arguments]: one sweep into DIR over $launches launches, failing the job loudly
+  local dir=$1 k rc; shift
+  for ((k = 1; k <= launches; k++)); do
+    # Launch k measures the visits up to round ceil(k * rounds / launches); retries wait for the last launch.
+    local upto=(--rounds $(( (k * rounds + launches - 1) / launches )))
+    [ "$k" -lt "$launches" ] && upto+=(--retries 0)
+    say "step 1/3 (launch $k/$launches): ${launch[*]} ${COMMCAL_CMD[*]} ${sweep_args[*]} $* ${upto[*]}"
+    set +e
+    "${launch[@]}" "${COMMCAL_CMD[@]}" "${sweep_args[@]}" "$@" "${upto[@]}"
+    rc=$?
+    set -e
+    if [ $rc -ne 0 ]; then
+      fail "step 1 (sweep) exited $rc; the error is above: a usage error, an MPI world that is not the $ntasks Slurm tasks, wrong results, a crash or the time limit. Finished points are kept in $dir: resubmit to resume" "$rc"
+    fi
+  done
   [ -f "$dir/summary.csv" ] || fail "sweep wrote no $dir/summary.csv"
 }
 run_sweep "$run_dir"

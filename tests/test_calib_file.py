@@ -208,7 +208,7 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     assert code == 0, err
     assert "after compute (384x384 GEMM before each call):" in stdout and "and 1 after-compute models" in stdout
     data = json.loads(out.read_text())
-    assert data["version"] == VERSION == 11
+    assert data["version"] == VERSION == 14
     assert data["after_compute"]["after_gemm"] == 384 and data["after_compute"]["run_ids"] == ["after"]
     assert data["provenance"]["run_ids"] == ["plain", "after"]
     assert data["after_compute"]["models"]["allreduce"]["intra"]["alpha_s"] == pytest.approx(84e-6, rel=0.05)
@@ -250,3 +250,20 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     bad["after_compute"]["gemm"] = 384
     with pytest.raises(UsageError, match="unknown key 'after_compute.gemm'"):
         calibration_from_dict(bad)
+
+
+@pytest.mark.parametrize("runs,links,says", [
+    ([{"preset": "quick", "launches": 2}], ("intra",), ["quick sweep"]),
+    ([{"preset": "default", "launches": 1}], ("intra", "inter"), ["one MPI launch"]),
+    ([{"preset": "quick", "launches": 1}], ("inter",), ["quick sweep", "one MPI launch"]),
+    ([{"preset": "default", "launches": 1}], ("intra",), []),            # one node: no launch-dependent link
+    ([{"preset": "default", "launches": 2}], ("intra", "inter"), []),
+    ([{}], ("intra", "inter"), []),                                       # older files and imports: unknown
+])
+def test_validate_is_told_when_a_calibration_came_from_a_path_known_to_rank_worse(runs, links, says):
+    data = synthetic_calibration({("allreduce", link): (5e-6, 1e-9) for link in links},
+                                 links={link: [2, 4] for link in links})
+    data["provenance"]["runs"] = [{"run_id": "r", "dir": "r", "date": "d", "machine": "m", "hosts": ["m"],
+                                   "mpi_library": "x", "versions": {}, **r} for r in runs]
+    advice = calibration_from_dict(data).path_advice()
+    assert len(advice) == len(says) and all(s in line for s, line in zip(says, advice))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calib.algorithms import algorithm
@@ -230,3 +231,18 @@ def test_fit_warns_about_each_host_the_hypervisor_took_much_cpu_time_from(tmp_pa
     assert len(steal) == 1 and "34% of node1's CPU time" in steal[0]
     (run / "run.json").write_text(json.dumps(meta))        # sweeps from before the record: no warning
     assert not [w for w in fit_calibration(load_runs([str(run)]))["warnings"] if "cpu_steal" in w]
+
+
+def test_between_size_benchmark_scores_the_calibration_at_sizes_the_fit_never_saw():
+    """benchmarks.between: its sizes lie strictly between the grid's, and its table compares the calibration's
+    error against the other run with the run-against-run error, per operation."""
+    from benchmarks.between import between, table
+
+    grid = [1 << k for k in range(10, 23)]
+    mids = between(grid)
+    assert mids and not set(mids) & set(grid)
+    assert all(any(lo < m < hi for lo, hi in zip(grid, grid[1:])) for m in mids)
+    err = pd.DataFrame({"op": ["a", "a", "b"], "link": ["intra"] * 3, "size": [1, 2, 3],
+                        "cal_b": [0.05, 0.07, 0.30], "cal_a": [0.01, 0.02, 0.28], "run_b": [0.04, 0.06, 0.02]})
+    text, met = table(err)
+    assert not met and "MET" in text.splitlines()[1] and text.splitlines()[2].endswith("missed")

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,23 +93,31 @@ class Cluster:
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@contextmanager
+def brought_up(tmp_path_factory, name: str, *up: str):
+    """A local cluster (`cluster.sh up` with these arguments, state in a fresh directory), brought down however the
+    block ends; skips where the cluster cannot run."""
     why = _missing()
     if why:
         pytest.skip(why)
-    base = tmp_path_factory.mktemp("cluster")
+    base = tmp_path_factory.mktemp(name)
     c = Cluster(base / "state", base / "work")
     c.work.mkdir()
     if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("commcal-ctl"):
         pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
     try:
         t0 = time.monotonic()
-        c.run("up", "--nodes", "2", "--rate", f"{RATE_MBIT}mbit", "--cpus", "2", timeout=90)
-        print(f"cluster up in {time.monotonic() - t0:.1f} s")
+        c.run("up", *up, timeout=90)
+        print(f"{name} up in {time.monotonic() - t0:.1f} s")
         yield c
     finally:
         subprocess.run([str(CLUSTER), "down"], env=c.env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with brought_up(tmp_path_factory, "cluster", "--nodes", "2", "--rate", f"{RATE_MBIT}mbit", "--cpus", "2") as c:
+        yield c
 
 
 def test_nodes_have_their_own_hostnames_and_addresses(cluster):
@@ -473,6 +482,83 @@ def test_mpirun_leaves_ranks_unbound_unless_asked_to_bind_them_to_cores(cluster)
     first, second = bound["node1"]
     assert bound["node2"] == bound["node1"] and first and second and not set(first) & set(second), bound
     assert set(first) < set(cpus) and set(second) < set(cpus), bound
+
+
+CAI_LAYER = (512, 512, 512)       # m, k, n of the Colossal-AI validates: W blocks of 256 KiB, 4 times tbf's burst
+BURST = 64 << 10                  # slurm/cluster.sh's tbf burst: that much may leave a node above the rate
+
+
+@pytest.fixture(scope="module")
+def cai_calibration(cluster) -> Path:
+    """A calibration of the collectives Colossal-AI's 2D and 2.5D layers and 2D's SBP equivalent use (bcast, reduce;
+    allreduce; allgather, reduce-scatter) within and between the nodes, from `sbatch slurm/sweep.sh`."""
+    out = cluster.work / "cai"
+    env = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter", "COMMCAL_OPS": "bcast,reduce,allreduce,"
+           "allgather,reduce_scatter,gemm", "COMMCAL_SIZES": "4K,32K,256K,1M,2M", "COMMCAL_OUT_DIR": str(out),
+           "COMMCAL_RUN_NAME": "run", "COMMCAL_REPORT": "0"}
+    job = cluster.sbatch("-o", "cai-sweep-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(job, 420)
+    assert ok, f"{text}\n{(cluster.work / f'cai-sweep-{job}.out').read_text()}\n{cluster.logs()}"
+    return next(out.glob("localcluster-*.json"))
+
+
+def test_sbatch_validate_sh_runs_colossal_2d_across_the_nodes_with_priced_bytes(cluster, cai_calibration):
+    """Colossal-AI's 2D SUMMA (cai-2d) and its SBP equivalent (m.n/ws between the same placements) on a 2x2 mesh of
+    2 nodes x 2 ranks, by slurm/validate.sh with --strategies cai-2d,cai-sbp. Both run with correct numerics on
+    both nodes; every rank hands collectives exactly the bytes priced (for SUMMA the hand count: 3 products x q
+    steps x an X block and a W block); the W broadcasts and dW reductions run on mesh axis 0, across the nodes,
+    and each takes at least its bytes' time at the injected link rate (less the bucket's burst)."""
+    m, k, n = CAI_LAYER
+    vout = cluster.work / "cai" / "validate-2d"
+    env = {"COMMCAL_CALIBRATION": str(cai_calibration), "COMMCAL_VALIDATE_OUT": str(vout), "COMMCAL_PRESET": "full",
+           "COMMCAL_VALIDATE_ARGS": f"--mesh 2x2 --layer linear:m={m},k={k},n={n} --strategies cai-2d,cai-sbp "
+                                    "--budget 0.5 --rounds 2 --refine-rounds 0"}
+    t0 = time.monotonic()
+    job = cluster.sbatch("-o", "cai-validate-%j.out", str(REPO / "slurm" / "validate.sh"), env=env)
+    ok, text = cluster.wait(job, 420)
+    log = (cluster.work / f"cai-validate-{job}.out").read_text()
+    assert ok and "numerics ok" in log, f"{text}\n{log}\n{cluster.logs()}"
+    print(f"colossal 2D validate: {time.monotonic() - t0:.0f} s")
+    run = json.loads((vout / "run.json").read_text())
+    assert sorted(set(run["hosts"])) == list(NODES)
+    frame = pd.read_csv(vout / "strategies.csv").set_index("strategy")
+    print(frame[["predicted_s", "measured_s", "predicted_comm_s", "measured_comm_s", "comm_bytes", "sent_bytes"]])
+    assert set(frame.index) == {"cai-2d", "m.n/ws@cai-2d"}
+    assert (frame["sent_bytes"] == frame["comm_bytes"]).all()
+    assert frame.loc["cai-2d", "comm_bytes"] == 4 * 3 * 2 * (m * k + k * n) // 4
+    steps = pd.read_csv(vout / "steps.csv")
+    rooted = steps[(steps["strategy"] == "cai-2d") & steps["op"].isin(["bcast", "reduce"])]
+    assert len(rooted) == 12 and set(rooted.loc[rooted["axis"] == 0, "link"]) == {"inter"}
+    assert set(rooted.loc[rooted["axis"] == 1, "link"]) == {"intra"}
+    inter = rooted[rooted["link"] == "inter"]
+    assert (inter["measured_s"] >= (inter["size_bytes"] - BURST) / EXPECTED_BPS).all(), inter
+
+
+def test_mpirun_runs_colossal_2p5d_on_two_nodes_of_four_ranks(cluster, cai_calibration):
+    """Colossal-AI's 2.5D (cai-2.5d) on a 2x2x2 mesh of 2 nodes x 4 ranks (plain mpirun: the Slurm nodes have 2
+    CPUs): depth (axis 0) crosses the nodes, the SUMMA layers stay on them. Numerics hold, the bytes handed to
+    collectives are those priced, and the dW allreduce over depth, whose four groups per node share the node's
+    one link, takes at least four buffers' time at the injected rate; the price counts that sharing."""
+    m, k, n = CAI_LAYER
+    vout = cluster.work / "cai" / "validate-2p5d"
+    commcal = str(VENV_BIN / "commcal")
+    t0 = time.monotonic()
+    proc = cluster.run("mpirun", "-n", "8", "--host", "node1:4,node2:4", commcal, "validate", str(cai_calibration),
+                       "--mesh", "2x2x2", "--layer", f"linear:m={m},k={k},n={n}", "--strategies", "cai-2.5d",
+                       "--budget", "0.5", "--rounds", "2", "--refine-rounds", "0", "--out", str(vout), timeout=600,
+                       check=False)
+    assert proc.returncode == 0 and "numerics ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"colossal 2.5D validate: {time.monotonic() - t0:.0f} s")
+    assert sorted(set(json.loads((vout / "run.json").read_text())["hosts"])) == list(NODES)
+    frame = pd.read_csv(vout / "strategies.csv")
+    assert list(frame["strategy"]) == ["cai-2.5d"] and (frame["sent_bytes"] == frame["comm_bytes"]).all()
+    steps = pd.read_csv(vout / "steps.csv")
+    depth = steps[steps["op"] == "allreduce"]
+    print(depth[["what", "size_bytes", "predicted_s", "measured_s"]])
+    assert len(depth) == 1 and depth["axis"].tolist() == [0] and depth["link"].tolist() == ["inter"]
+    assert (depth["measured_s"] >= (4 * depth["size_bytes"] - BURST) / EXPECTED_BPS).all(), depth
+    assert (depth["predicted_s"] >= (4 * depth["size_bytes"] - BURST) / EXPECTED_BPS / 2).all(), depth
+    assert set(steps.loc[steps["op"].isin(["bcast", "reduce"]), "link"]) == {"intra"}
 
 
 def test_down_stops_everything_and_is_safe_twice(cluster):

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -403,3 +404,48 @@ def test_world_size_not_matching_slurm_tasks_is_refused(tmp_path):
     assert "MPI world has 1 ranks but Slurm started 2 tasks" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_spread(tmp_path):
+    """The default path's sweep runs its rounds in two MPI launches (a run and its resumption): every sample names
+    its launch, every point pools both with their spread, and the calibration keeps the spread per model."""
+    out, cal = tmp_path / "run", tmp_path / "cal.json"
+    args = ["sweep", "--out", str(out), "--ops", "allreduce,pingpong", "--sizes", "1K:64K", *FAST]
+    run_mpi(2, [*args, "--rounds", "1"], check=True)
+    run_mpi(2, [*args, "--rounds", "2", "--resume"], check=True)
+    summary, samples = load_summary(out), load_samples(out)
+    assert (summary.launches == 2).all() and (summary.rounds == 2).all()
+    assert set(samples["launch"]) == {0, 1} and (samples["launch"] == samples["round"]).all()
+    for pid, g in samples.groupby("point_id"):
+        row = summary.set_index("point_id").loc[pid]
+        medians = [g[g.launch == k].time_s.median() for k in (0, 1)]
+        assert row.launch_spread == pytest.approx(abs(medians[0] - medians[1]) / 2 / row.median_s, rel=1e-6)
+    run_cli(["fit", str(out), "--out", str(cal)], check=True)
+    model = load_calibration(cal).result.models[("pingpong", "intra")]
+    spread = model.launch_spread
+    assert spread is not None and spread.launches == 2 and spread.n_points == 7
+    assert spread.max == pytest.approx(summary[summary.op == "pingpong"].launch_spread.max())
+
+
+def test_topology_file_is_recorded_and_bad_ones_are_one_line(tmp_path):
+    """--topology: run.json records the levels of the job's nodes; a missing file, or one not naming this job's node,
+    is one line and exit 2 (the node names come from MPI, so this host must be in the file)."""
+    host = socket.gethostname()
+    conf = tmp_path / "topology.conf"
+    conf.write_text(f"SwitchName=leaf Nodes={host},other1\nSwitchName=leaf2 Nodes=other2\n"
+                    "SwitchName=top Switches=leaf,leaf2\n")
+    out = tmp_path / "run"
+    proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8", "--topology", str(conf), *FAST])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["topology"] == {"source": str(conf), "levels": [{"link": "inter", "level": 1, "groups": [[host]]},
+                                                               {"link": "inter2", "level": 2, "groups": [[host]]}]}
+    assert set(pd.read_csv(out / "summary.csv")["link"]) == {"intra"}       # one node: no level crossed
+    for text, says in ((None, "cannot read"), ("SwitchName=leaf Nodes=elsewhere\n", f"does not name node '{host}'")):
+        bad = tmp_path / "bad.conf"
+        if text:
+            bad.write_text(text)
+        proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "r"), "--topology", str(bad), *FAST])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("commcal: error:")]
+        assert proc.returncode == 2 and len(errors) == 1 and says in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -89,6 +89,27 @@ def test_spec_calibration(tmp_path):
         from_spec({**spec, "tiers": [{**spec["tiers"][0], "efficiency": 2}]})
     with pytest.raises(UsageError, match="unknown key 'colour'"):
         from_spec({**spec, "colour": 1})
+    assert cal.gemm_wave("float16") == (108, 256, 128)
+    bare = {k: v for k, v in spec["device"].items() if k not in ("sms", "gemm_tile")}
+    assert calibration_from_dict(from_spec({**spec, "device": bare}).to_json()).gemm_wave("float16") is None
+    with pytest.raises(UsageError, match="key 'gemm_tile'"):
+        from_spec({**spec, "device": {**bare, "sms": 108}})
+    with pytest.raises(UsageError, match="key 'sms'"):
+        from_spec({**spec, "device": {**spec["device"], "sms": 0}})
+
+
+def test_wave_quantization_and_roofline_by_hand():
+    """A GEMM filling 1.5 waves of tiles runs at 0.75 of the rate (the other orientation, half-filled tiles, is
+    worse); one with k = 1 is priced by its bytes."""
+    cal = calibration_from_dict(load_spec("selene").to_json())
+    tp = TrainingPricer(cal, Transformer.parse(GPT), 8, 8, "float16")
+    rate, lat = cal.gemm_flops_per_s("float16"), cal.gemm_latency_s("float16")
+    full = tp._gemms([(1, 256 * 12, 128 * 9, 4096)])                 # 108 tiles: one whole wave
+    half = tp._gemms([(1, 256 * 18, 128 * 9, 4096)])                 # 162 tiles: 1.5 waves
+    assert full == pytest.approx(lat + 2 * 256 * 12 * 128 * 9 * 4096 / rate)
+    assert half == pytest.approx(lat + 2 * 256 * 18 * 128 * 9 * 4096 / (0.75 * rate))
+    thin = tp._gemms([(1, 8192, 8192, 1)])
+    assert thin == pytest.approx(lat + (8192 * 8192 + 2 * 8192) * 2 / (2039e9 * 0.9))
 
 
 def test_search_and_predict_cli(tmp_path, capsys):

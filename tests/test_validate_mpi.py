@@ -4,6 +4,7 @@ reads, a link class the calibration lacks is one warning and a summary record (-
 one line with exit 2, and benchmarks.validate runs its control mesh."""
 
 import json
+from pathlib import Path
 import shlex
 import subprocess
 import sys
@@ -135,9 +136,16 @@ def test_a_missing_link_class_is_one_warning_and_recorded_in_the_summary(tmp_pat
     """One node (mesh axis 0 wants intra) and a calibration of inter only: inter prices it, stderr says so once,
     summary.json records each collective; the --strict refusal is in test_bad_input_is_one_line_and_exit_2."""
     cal, out = calibration(tmp_path / "cal.json", ("inter",)), tmp_path / "val"
+    data = json.loads(Path(cal).read_text())                 # and its sweep took the quick path, in one launch
+    data["provenance"]["runs"] = [{"run_id": "r", "dir": "r", "date": "d", "machine": "m", "hosts": ["m"],
+                                   "mpi_library": "x", "versions": {}, "preset": "quick", "launches": 1}]
+    Path(cal).write_text(json.dumps(data))
     proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST],
                    check=True)
-    fallbacks = json.loads((out / "summary.json").read_text())["fallbacks"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [l.split(" ")[3] for l in summary["calibration_advice"]] == ["quick", "measured"]
+    assert all(f"warning: {line}" in proc.stdout.splitlines() for line in summary["calibration_advice"])
+    fallbacks = summary["fallbacks"]
     ops = sorted({f["op"] for f in fallbacks})
     assert "allreduce" in ops and len(ops) == len(fallbacks)
     assert all(f == {"op": f["op"], "axis": 0, "wanted": "intra", "used": "inter"} for f in fallbacks)

@@ -1,0 +1,207 @@
+"""The network's switch tree, as topology levels: which nodes share a switch at each level. Read from Slurm's
+tree topology (topology.conf, or `scontrol show topology`, the same SwitchName=... lines), from a file of such lines
+(`sweep --topology FILE`), or flat (no switch levels: every node one "inter" level). Parsing is pure; only
+`discover` runs scontrol."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from microbench.errors import UsageError
+from microbench.links import MAX_LEVEL, level_link
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One SwitchName line: the nodes and the switches directly below it."""
+
+    name: str
+    nodes: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`levels[k - 1]`: the groups of nodes that share a switch at level k (1: leaf switches), each group's nodes
+    in order, the groups of a level a partition of every node, each nested in one group of the next level. No
+    levels: flat (the topology is unknown; every node pair is one "inter" level). `source` says where it came
+    from: "flat", "slurm" or the file."""
+
+    source: str = "flat"
+    levels: tuple[tuple[tuple[str, ...], ...], ...] = ()
+
+    @property
+    def height(self) -> int:
+        """Switch levels (1 when flat: the nodes are joined, how is unknown)."""
+        return max(len(self.levels), 1)
+
+    def restrict(self, hosts: list[str]) -> "Topology":
+        """The topology of the job's nodes (hostnames in `hosts`, in their order of first appearance), groups in
+        the order of their first node; a host the topology does not name is an error. Names match as given, else
+        by their first label (node1 for node1.cluster)."""
+        if not self.levels:
+            return self
+        nodes = list(dict.fromkeys(hosts))
+        known = {n for group in self.levels[0] for n in group}
+        short = {n.split(".")[0]: n for n in known}
+        name = {h: h if h in known else short.get(h.split(".")[0]) for h in nodes}
+        missing = [h for h, n in name.items() if n is None]
+        if missing:
+            raise UsageError(f"topology ({self.source}) does not name node {missing[0]!r} of this job")
+        order = {name[h]: i for i, h in enumerate(nodes)}
+        levels = []
+        for level in self.levels:
+            groups = [tuple(sorted((n for n in g if n in order), key=order.get)) for g in level]
+            groups = sorted((g for g in groups if g), key=lambda g: order[g[0]])
+            levels.append(tuple(tuple(nodes[order[n]] for n in g) for g in groups))
+        return Topology(self.source, tuple(levels))
+
+    def group_of(self, level: int, node: str) -> tuple[str, ...]:
+        """The nodes sharing `node`'s switch at `level` (0: the node alone)."""
+        if level == 0:
+            return (node,)
+        return next(g for g in self.levels[level - 1] if node in g)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "levels": [{"link": level_link(k), "level": k, "groups": [list(g) for g in gs]}
+                                                  for k, gs in enumerate(self.levels, start=1)]}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> "Topology":
+        if not data:
+            return cls()
+        return cls(str(data["source"]), tuple(tuple(tuple(g) for g in lv["groups"]) for lv in data["levels"]))
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's hostlist expression as names: node[1-3,7],gpu[01-02]x -> node1 node2 node3 node7 gpu01x gpu02x
+    (ranges keep their zero padding; several bracket groups in one name multiply)."""
+    names: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
+        m = re.search(r"\[([^\]]*)\]", item)
+        if m is None:
+            if item.strip():
+                names.append(item.strip())
+            continue
+        head, tail = item[:m.start()], item[m.end():]
+        for part in m.group(1).split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise UsageError(f"bad host range {part!r} in {text!r}")
+            hi = hi or lo
+            if int(hi) < int(lo):
+                raise UsageError(f"bad host range {part!r} in {text!r}")
+            width = len(lo) if lo.startswith("0") else 0
+            names += expand_hostlist(",".join(f"{head}{i:0{width}d}{tail}" for i in range(int(lo), int(hi) + 1)))
+    return names
+
+
+def parse_switches(text: str, where: str) -> list[Switch]:
+    """The SwitchName lines of a topology.conf or of `scontrol show topology` (other keys, comments and other lines
+    are ignored)."""
+    switches = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        if "SwitchName" not in fields:
+            continue
+        switches.append(Switch(fields["SwitchName"], tuple(expand_hostlist(fields.get("Nodes", ""))),
+                               tuple(expand_hostlist(fields.get("Switches", "")))))
+    names = [s.name for s in switches]
+    if len(set(names)) != len(names):
+        raise UsageError(f"{where}: switch {next(n for n in names if names.count(n) > 1)!r} is named twice")
+    return switches
+
+
+def tree(switches: list[Switch], source: str) -> Topology:
+    """The levels of a switch tree. A switch's level is 1 for a leaf (nodes only), else one more than its highest
+    child; a node's group at level k is the nodes under its lowest ancestor at level k or above. In
+    `scontrol show topology` a switch above others also lists their nodes: a switch's own nodes are those no child
+    holds. UsageError for a cycle, a child that is not a switch, or a node under two leaves."""
+    if not switches:
+        return Topology()
+    by_name = {s.name: s for s in switches}
+    for s in switches:
+        for child in s.switches:
+            if child not in by_name:
+                raise UsageError(f"{source}: switch {s.name!r} names unknown switch {child!r}")
+    level: dict[str, int] = {}
+    under: dict[str, list[str]] = {}
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise UsageError(f"{source}: switches form a cycle through {name!r}")
+        if name in level:
+            return
+        s = by_name[name]
+        for child in s.switches:
+            visit(child, (*path, name))
+        level[name] = 1 + max((level[c] for c in s.switches), default=0)
+        below = [n for c in s.switches for n in under[c]]
+        under[name] = below + [n for n in s.nodes if n not in below]
+
+    for s in switches:
+        visit(s.name, ())
+    height = max(level.values())
+    if height > MAX_LEVEL:
+        raise UsageError(f"{source}: {height} switch levels; commcal names at most {MAX_LEVEL}")
+    parent: dict[str, str] = {}
+    for s in switches:
+        for child in s.switches:
+            if parent.setdefault(child, s.name) != s.name:
+                raise UsageError(f"{source}: switch {child!r} is below both {parent[child]!r} and {s.name!r}")
+    leaf_of: dict[str, str] = {}
+    for s in switches:
+        for n in under[s.name]:
+            if n not in {m for c in s.switches for m in under[c]}:
+                if leaf_of.setdefault(n, s.name) != s.name:
+                    raise UsageError(f"{source}: node {n!r} is under both {leaf_of[n]!r} and {s.name!r}")
+    nodes = list(leaf_of)
+    levels = []
+    for k in range(1, height + 1):
+        groups: dict[str, list[str]] = {}
+        for n in nodes:
+            sw = leaf_of[n]
+            while level[sw] < k and sw in parent:
+                sw = parent[sw]
+            groups.setdefault(sw, []).append(n)
+        levels.append(tuple(tuple(g) for g in groups.values()))
+    return Topology(source, tuple(levels))
+
+
+def read_topology(path: str) -> Topology:
+    """A topology file: Slurm's topology.conf syntax (SwitchName=... Nodes=... / Switches=...) or saved
+    `scontrol show topology` output."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"--topology {path}: cannot read ({exc.strerror or exc})") from None
+    switches = parse_switches(text, path)
+    if not switches:
+        raise UsageError(f"--topology {path}: no SwitchName= lines (expected Slurm's topology.conf syntax)")
+    return tree(switches, path)
+
+
+def discover(path: str | None) -> Topology:
+    """The topology the sweep uses: --topology's file; else, inside a Slurm job, `scontrol show topology` (flat when
+    Slurm has no tree topology or scontrol fails); else flat."""
+    if path:
+        return read_topology(path)
+    scontrol = shutil.which("scontrol")
+    if not os.environ.get("SLURM_JOB_ID") or scontrol is None:
+        return Topology()
+    try:
+        out = subprocess.run([scontrol, "show", "topology"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return Topology()
+    if out.returncode != 0:
+        return Topology()
+    try:
+        return tree(parse_switches(out.stdout, "scontrol show topology"), "slurm")
+    except UsageError:
+        return Topology()

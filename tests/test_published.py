@@ -1,0 +1,48 @@
+"""The training-step model against published Megatron-LM runs on Selene (tests/data/published: copies of the
+project's ../shared/published tables): the target (Korthikanti Table 5 mean <= 3.5%, max <= 8%) is not met, so
+these pin today's figures as a regression guard; the data and the model are fixed, so the figures are exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.training import Terms
+from benchmarks import published
+from calib.calibration import calibration_from_dict
+from calib.spec import load_spec
+
+DATA = Path(__file__).parent / "data" / "published"
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return calibration_from_dict(load_spec("selene").to_json())
+
+
+def _figures(cal, terms=Terms()):
+    return [published.figures(rows, published.predict(rows, cal, terms))
+            for rows in published.tables(DATA, cal, terms)]
+
+
+def test_published_error_is_pinned(cal):
+    korthikanti, narayanan = _figures(cal)
+    assert korthikanti.mape == pytest.approx(0.0567, abs=5e-4) and korthikanti.max == pytest.approx(0.0882, abs=5e-4)
+    assert narayanan.mape == pytest.approx(0.1369, abs=5e-4) and narayanan.max == pytest.approx(0.1828, abs=5e-4)
+    assert korthikanti.order_right == korthikanti.order_models == 4           # selective+SP faster for every model
+    assert korthikanti.tau > 0.9 and narayanan.tau > 0.6
+    assert all(e < 0 for e in korthikanti.errors + narayanan.errors)           # still optimistic on every row
+
+
+def test_each_modelling_choice_moves_the_error(cal):
+    """Every term changes the Korthikanti error; those that price real work the model had left out reduce it."""
+    base = _figures(cal)[0].mape
+    for name in ("gemm_traffic", "gemm_waves", "kernels", "optimizer_passes", "pp_gather", "sp_regather"):
+        assert _figures(cal, Terms(**{name: False}))[0].mape > base + 1e-3, name
+
+
+def test_bad_folder_is_one_line(tmp_path, capsys):
+    assert published.main(["--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read published table" in err and len(err.strip().splitlines()) == 1
