@@ -58,6 +58,7 @@ def test_whole_network_strategies_match_one_process(tmp_path, ranks, mesh, strat
     frame = pd.read_parquet(out / "strategies.parquet")
     assert list(frame["strategy"]) == strategies and set(frame["layer"]) == {"vgg-small"}
     assert (frame["max_rel_err"] <= TOLERANCE["float32"]).all() and "numerics ok" in proc.stdout
+    assert (frame["sent_bytes"] == frame["comm_bytes"]).all() and (frame["comm_bytes"] > 0).all()  # sent as priced
     steps = pd.read_parquet(out / "steps.parquet")
     comm = steps[steps["op"].isin(OPS)]
     # every strategy's priced communication is the sum of its steps' prices, the steps the harness timed
@@ -87,12 +88,12 @@ SCRIPT = textwrap.dedent("""
         '''The real Collectives, counting the bytes each call hands MPI.'''
         def __init__(self, *a):
             super().__init__(*a)
-            self.sent = Counter()
+            self.by_op = Counter()
         def allreduce(self, buf, axis):
-            self.sent["allreduce"] += buf.nbytes
+            self.by_op["allreduce"] += buf.nbytes
             return super().allreduce(buf, axis)
         def shift(self, buf, axis, direction):
-            self.sent["sendrecv"] += buf.nbytes
+            self.by_op["sendrecv"] += buf.nbytes
             return super().shift(buf, axis, direction)
 
     world = MPI.COMM_WORLD
@@ -105,7 +106,7 @@ SCRIPT = textwrap.dedent("""
     out = {}
     for i, s in enumerate(opts.strategies):
         prog = network_program(runner, opts, i, data, "float32")
-        coll.sent.clear()
+        coll.by_op.clear()
         env = dict(prog.inputs)
         for it in prog.items:
             it.run(env)
@@ -113,7 +114,7 @@ SCRIPT = textwrap.dedent("""
         for st in opts.steps(i):
             if not hasattr(st, "flops") and st.is_comm:
                 priced[st.op] += st.bytes_per_rank
-        out[s.id] = {"sent": dict(coll.sent), "priced": {k: priced[k] for k in ("allreduce", "sendrecv")}}
+        out[s.id] = {"sent": dict(coll.by_op), "priced": {k: priced[k] for k in ("allreduce", "sendrecv")}}
     if world.rank == 0:
         print(json.dumps(out))
 """)
