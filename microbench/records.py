@@ -148,22 +148,27 @@ def page_advice(policy: str | None) -> str | None:
 
 
 def read_run_json(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "run.json"
+    return read_meta(Path(run_dir) / "run.json", RUN_SCHEMA, RUN_SCHEMA_VERSION, "a commcal run directory")
+
+
+def read_meta(path: Path, schema: str, version: int, what: str) -> dict:
+    """A directory's provenance JSON (`path`), checked to hold an object of `schema` at `version`; `what` names
+    the directory a missing file means this is not."""
     if not path.is_file():
-        raise UsageError(f"{run_dir}: not a commcal run directory (no run.json)")
+        raise UsageError(f"{path.parent}: not {what} (no {path.name})")
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: unreadable run.json ({exc})") from None
+        raise UsageError(f"{path}: unreadable {path.name} ({exc})") from None
     if not isinstance(meta, dict):
-        raise UsageError(f"{path}: run.json must hold a JSON object, not {type(meta).__name__}")
-    if meta.get("schema") != RUN_SCHEMA or meta.get("version") != RUN_SCHEMA_VERSION:
+        raise UsageError(f"{path}: {path.name} must hold a JSON object, not {type(meta).__name__}")
+    if meta.get("schema") != schema or meta.get("version") != version:
         raise UsageError(f"{path}: schema {meta.get('schema')!r} version {meta.get('version')!r} is not "
-                         f"{RUN_SCHEMA!r} version {RUN_SCHEMA_VERSION}")
+                         f"{schema!r} version {version}")
     return meta
 
 
-def _read_parquet(path: Path, columns: list[str] | None = None, categorical: bool = False) -> pd.DataFrame:
+def read_parquet(path: Path, columns: list[str] | None = None, categorical: bool = False) -> pd.DataFrame:
     """Read a Parquet file; `categorical` keeps repeated strings (sample ids) compact in memory."""
     try:
         return pq.read_table(path, columns=columns).to_pandas(strings_to_categorical=categorical)
@@ -177,7 +182,7 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
     read_run_json(run_dir)
     consolidated = run_dir / "summary.parquet"
     if consolidated.is_file():
-        summary = _read_parquet(consolidated)
+        summary = read_parquet(consolidated)
         if summary.empty:
             raise UsageError(f"{run_dir}: run holds no finished points")
         return _complete(summary)
@@ -258,13 +263,13 @@ def _with_added(path: Path, columns: list[str] | None) -> pd.DataFrame:
     """Read samples, giving files written before them the ADDED_SAMPLE_COLUMNS (0)."""
     wanted = list(SAMPLE_COLUMNS if columns is None else columns)
     if not set(ADDED_SAMPLE_COLUMNS) & set(wanted):
-        return _read_parquet(path, wanted, categorical=True)
+        return read_parquet(path, wanted, categorical=True)
     try:
         names = set(pq.read_schema(path).names)
     except Exception:  # the read below names the corrupt file
         names = set(wanted)
     missing = [c for c in ADDED_SAMPLE_COLUMNS if c in wanted and c not in names]
-    frame = _read_parquet(path, [c for c in wanted if c not in missing], categorical=True)
+    frame = read_parquet(path, [c for c in wanted if c not in missing], categorical=True)
     for col in missing:
         frame[col] = 0
     return frame[wanted]

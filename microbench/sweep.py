@@ -166,7 +166,7 @@ def summarize(run_id: str, pt: PlannedPoint, m: driver.Measurement, pooled: Pool
         launch_spread=round_spread(pooled.per_launch(), est.median))
 
 
-def _idle_until(req: MPI.Request) -> None:
+def idle_until(req: MPI.Request) -> None:
     """Wait on a non-blocking barrier without spinning, so idle ranks leave the cores to the measured ones."""
     while not req.Test():
         time.sleep(0.0005)
@@ -246,7 +246,7 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
                 store.write_point(s, pooled.samples, pooled.rounds, pooled.launches)
                 (unmet.discard if s.target_met else unmet.add)(pid)
                 progress.row(s, retry)
-        _idle_until(world.Ibarrier())
+        idle_until(world.Ibarrier())
 
     for rnd in range(cfg.rounds):
         for pt in points:

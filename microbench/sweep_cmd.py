@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from microbench import records
+from microbench import plan, records
 from microbench.backends import backend_for
 from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
@@ -25,7 +25,7 @@ PRESETS = Presets(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="run directory (created; see --resume)")
+    p.add_argument("--out", help="run directory (created; see --resume); required unless --dry-run")
     p.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)} (default: all)")
     p.add_argument("--sizes", help="LOW:HIGH (powers of two, K/M/G suffixes) or a list 8,1K,3M "
                                    f"({PRESETS.say('sizes')})")
@@ -82,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
+    plan.add_arguments(p, "ranks per node, one per device")
 
 
 def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tuple[str, ...]],
@@ -174,6 +175,27 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
                              f"{show(now[name])}; its points would not pool with these")
 
 
+def print_plan(args: argparse.Namespace) -> int:
+    """--dry-run: the sweep this allocation would measure (sweep.plan on its shape, MPI left uninitialised), its
+    estimated time, and how it splits into allocations of --time-limit."""
+    dry = plan.dry_run(args)
+    world = dry.nodes * dry.per_node
+    cfg = build_config(args, world, {})
+    import mpi4py
+
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False
+    from microbench import sweep
+
+    points = sweep.plan(cfg, [f"node{i}" for i in range(dry.nodes) for _ in range(dry.per_node)])
+    est = plan.sweep_estimate(points, cfg.rounds, cfg.retries, cfg.rule, dry.machine, world)
+    print(f"commcal sweep --dry-run: {dry.nodes} nodes x {dry.per_node} ranks, {len(points)} points "
+          f"({len(cfg.ops)} operations, {len(cfg.sizes)} sizes, process counts {','.join(map(str, cfg.procs))}, "
+          f"links {','.join(cfg.links)}), {cfg.rounds} rounds, {cfg.retries} retries, point budget {cfg.rule.budget_s:g} s")
+    print("\n".join(plan.report(est, dry.limit_s, f"sbatch --array=0-{{tasks}}%1 -N {dry.nodes} --ntasks-per-node="
+                                 f"{dry.per_node} -t {{limit}} slurm/sweep.sh   (one task at a time, each resuming)")))
+    return 0
+
+
 def _topology(path: str | None, hosts: list[str]) -> Topology | str:
     """The job's switch levels (switches.discover, restricted to its nodes), or the one-line error."""
     try:
@@ -183,6 +205,8 @@ def _topology(path: str | None, hosts: list[str]) -> Topology | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if plan.dry(args):
+        return print_plan(args)
     threads = choose(args.thread_level, args.backend)      # before MPI is initialised
     from mpi4py import MPI
 

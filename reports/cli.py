@@ -16,6 +16,8 @@ from microbench.errors import UsageError
 # name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("microbench.sweep_cmd", "measure collectives across sizes, process counts and links (run under mpirun/srun)"),
+    "scan": ("microbench.scan_cmd", "measure every node pair's latency and bandwidth and every node's copy and GEMM "
+                                    "rate, and flag the slow ones (run under srun/mpirun, one rank per node)"),
     "fit": ("calib.fit_cmd", "fit alpha/beta models from sweep runs and write a calibration JSON"),
     "predict": ("analysis.predict_cmd", "predict a collective's time, or a layer strategy's plan and cost, from a calibration"),
     "table": ("calib.table_cmd", "print a calibration's alpha/beta tables"),
@@ -29,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-RANK_SUBCOMMANDS = {"sweep", "validate"}
+RANK_SUBCOMMANDS = {"sweep", "scan", "validate"}
 """Run by every rank of an MPI job: each rank gets one BLAS thread (unless the user chose), so the GEMM
 rate the sweep measures is the rate each rank has when all ranks compute at once, as in validate."""
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -1,5 +1,6 @@
 """`commcal diff CAL_A CAL_B`: print what changed between two calibrations; with --out, also a figure, HTML and
-Markdown; with --check, exit 1 when anything changed beyond its CIs."""
+Markdown; with --check, exit 1 when anything changed beyond its CIs. Given two scan directories, what changed
+between the scans (reports.scan_diff); --check then exits 1 on a newly slow node or pair."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
-from reports import diff
+from microbench.scanfile import read_scan
+from reports import diff, scan_diff
 from reports.document import Document, Note, Section, Text
 from reports.output import publish_text
 from reports.plotting import save_figure
@@ -16,8 +18,8 @@ from reports.render import to_html, to_markdown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cal_a", metavar="CAL_A", help="the earlier (reference) calibration JSON")
-    parser.add_argument("cal_b", metavar="CAL_B", help="the later calibration JSON")
+    parser.add_argument("cal_a", metavar="CAL_A", help="the earlier (reference) calibration JSON, or scan directory")
+    parser.add_argument("cal_b", metavar="CAL_B", help="the later calibration JSON, or scan directory")
     parser.add_argument("--out", metavar="DIR", help="also write diff.html, diff.md and figures/diff.png/.svg here")
     parser.add_argument("--check", action="store_true", help="exit 1 if any parameter changed beyond its 95%% CIs")
 
@@ -46,7 +48,30 @@ def document(cal_a, cal_b, items: list[diff.Change], out: Path) -> Document:
                     (Section("diff", "What changed", tuple(blocks)),))
 
 
+def run_scans(args: argparse.Namespace) -> int:
+    """Two scans: per pair bandwidth and latency ratio, and what became slow (or stopped being)."""
+    a, b = read_scan(args.cal_a), read_scan(args.cal_b)
+    d = scan_diff.compare(a, b)
+    table = scan_diff.table(d)
+    print(_text_table(table))
+    lines = scan_diff.summary(d)
+    print("\n" + "\n".join(lines))
+    if args.out:
+        out = Path(args.out)
+        doc = Document("commcal scan diff", f"{a.path} → {b.path}", (Section("diff", "What changed", (
+            Note("; ".join(lines), "warning" if d.worse else "note"), table)),))
+        publish_text(out / "diff.html", to_html(doc, out))
+        publish_text(out / "diff.md", to_markdown(doc))
+        print(f"wrote {out / 'diff.html'} and {out / 'diff.md'}")
+    return 1 if args.check and d.worse else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    scans = [(Path(p) / "scan.json").is_file() for p in (args.cal_a, args.cal_b)]
+    if any(scans):
+        if not all(scans):
+            raise UsageError(f"cannot compare a scan with a calibration ({args.cal_a}, {args.cal_b})")
+        return run_scans(args)
     cal_a, cal_b = load_calibration(args.cal_a), load_calibration(args.cal_b)
     if cal_a.backend != cal_b.backend:
         raise UsageError(f"cannot compare backend {cal_a.backend!r} ({args.cal_a}) with {cal_b.backend!r} "

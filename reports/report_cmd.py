@@ -7,7 +7,8 @@ from pathlib import Path
 
 from microbench.errors import UsageError
 from calib.calibration import load_calibration
-from reports import calibration_view, measurements, provenance, validation_view
+from microbench.scanfile import read_scan
+from reports import calibration_view, measurements, provenance, scan_view, validation_view
 from reports.document import Document, Section
 from reports.output import publish_text
 from reports.render import to_html, to_markdown
@@ -19,28 +20,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a sweep run directory (repeatable)")
     parser.add_argument("--calibration", metavar="CAL", help="a calibration JSON from `commcal fit`")
     parser.add_argument("--validation", metavar="DIR", help="a validation directory from `commcal validate`")
+    parser.add_argument("--scan", metavar="DIR", help="a scan directory from `commcal scan` (a --run DIR holding a "
+                                                     "scan counts as this)")
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="where report.html, report.md and figures/ go")
     parser.add_argument("--title", default="commcal report", help="the report's title")
 
 
 def build(runs_dirs: list[str], cal_path: str | None, validation_dir: str | None, out: Path,
-          title: str = "commcal report") -> Document:
+          title: str = "commcal report", scan_dir: str | None = None) -> Document:
     """Read every input (failing fast on corrupt ones), draw the figures under `out`, return the document."""
-    if not (runs_dirs or cal_path or validation_dir):
-        raise UsageError("nothing to report: give --run DIR, --calibration CAL and/or --validation DIR")
+    scans = [d for d in runs_dirs if (Path(d) / "scan.json").is_file() and not (Path(d) / "run.json").exists()]
+    runs_dirs = [d for d in runs_dirs if d not in scans]
+    if scan_dir and scans or len(scans) > 1:
+        raise UsageError("one scan per report: give one --scan DIR")
+    scan_dir = scan_dir or (scans[0] if scans else None)
+    if not (runs_dirs or cal_path or validation_dir or scan_dir):
+        raise UsageError("nothing to report: give --run DIR, --calibration CAL, --validation DIR and/or --scan DIR")
     runs = load_runs(runs_dirs) if runs_dirs else None
     cal = load_calibration(cal_path) if cal_path else None
     val = validation_view.load_validation(validation_dir) if validation_dir else None
+    scan = read_scan(scan_dir) if scan_dir else None
     prov = [provenance.report_versions()]
     if runs is not None:
         prov.insert(0, provenance.glance([(run.path.name, run.meta) for run in runs.runs]))
         for run in runs.runs:
             prov += provenance.run_tables(run.path.name, run.meta)
     # results first; the full provenance (folded in HTML) closes the report
+    if scan is not None:
+        prov += provenance.run_tables(scan.path.name, scan.meta)
     sections = [calibration_view.section(cal, out), measurements.section(runs, cal, out),
-                validation_view.section(val, out), Section("provenance", "Provenance", tuple(prov))]
+                validation_view.section(val, out)] if runs or cal or val else []
+    if scan is not None:
+        sections.append(scan_view.section(scan, out))
+    sections.append(Section("provenance", "Provenance", tuple(prov)))
     inputs = ", ".join([*(f"run {d}" for d in runs_dirs), *([f"calibration {cal_path}"] if cal_path else []),
-                        *([f"validation {validation_dir}"] if validation_dir else [])])
+                        *([f"validation {validation_dir}"] if validation_dir else []),
+                        *([f"scan {scan_dir}"] if scan_dir else [])])
     return Document(title, f"Built from {inputs}.", tuple(sections))
 
 
@@ -55,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
-    doc = build(args.run, args.calibration, args.validation, out, args.title)
+    doc = build(args.run, args.calibration, args.validation, out, args.title, args.scan)
     html, md = write(doc, out)
     print(f"wrote {html} and {md}")
     return 0

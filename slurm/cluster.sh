@@ -10,6 +10,8 @@
 #                                  each rack is rate-limited at --rack-rate; writes a Slurm topology.conf
 #   slurm/cluster.sh down          stop everything it started and delete it (safe to run twice)
 #   slurm/cluster.sh status        namespaces, daemons, sinfo
+#   slurm/cluster.sh rate NODE RATE|none   change one running node's token bucket (e.g. rate node3 150mbit:
+#                                  that node alone slower, as `commcal scan` should then find)
 #   slurm/cluster.sh exec NODE CMD...   run CMD on a node (node1..nodeN, or ctl: the login node)
 #   slurm/cluster.sh sbatch|srun|squeue|sinfo|scontrol|scancel ARGS...
 #                                  Slurm client commands, run on the login node
@@ -205,6 +207,21 @@ EOF
   log "up: $nodes nodes (node1..node$nodes), ${rate:-no} rate limit, $cpus CPUs each, slurm=$slurm, state in $D"
   [ "$racks" = 0 ] || log "racks: $racks of $((nodes / racks)) nodes, ${rack_rate:-no} rate limit between racks; switch tree in $D/topology.conf"
   log "try: slurm/cluster.sh sbatch --wrap hostname   or   eval \"\$(slurm/cluster.sh env)\"; sinfo"
+}
+
+cmd_rate() {  # rate NODE RATE|none: replace (or remove) the token bucket on one running node's eth0
+  need_root
+  [ $# = 2 ] || die "rate NODE RATE|none"
+  load_state
+  [[ $1 == node* ]] || die "rate applies to a node (node1..node$NODES)"
+  [[ $2 == none || $2 =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] || die "rate like 150mbit (tc units), or none"
+  anchor_pid "$1" >/dev/null
+  if [ "$2" = none ]; then
+    ip netns exec "$NSPREFIX$1" tc qdisc del dev eth0 root 2>/dev/null || true
+  else
+    ip netns exec "$NSPREFIX$1" tc qdisc replace dev eth0 root tbf rate "$2" burst 64kb latency 50ms
+  fi
+  log "rate: $1 now ${2/none/unlimited}"
 }
 
 rack_of() { echo $(( ($1 - 1) / (NODES_UP / RACKS) + 1 )); }   # rack_of I: node I's rack (--racks)
@@ -532,10 +549,11 @@ main() {
     exec) [ $# -ge 2 ] || die "exec NODE CMD..."; load_state; in_node "$@" ;;
     sbatch | srun | squeue | sinfo | scontrol | scancel | salloc | sacct) slurm_cmd "$cmd" "$@" ;;
     wait) cmd_wait "$@" ;;
+    rate) cmd_rate "$@" ;;
     mpirun) cmd_mpirun "$@" ;;
     env) cmd_env ;;
     -h | --help | help | "") sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-    *) die "unknown command '$cmd' (up, down, status, exec, sbatch, srun, squeue, sinfo, scontrol, scancel, wait, mpirun, env)" ;;
+    *) die "unknown command '$cmd' (up, down, status, rate, exec, sbatch, srun, squeue, sinfo, scontrol, scancel, wait, mpirun, env)" ;;
   esac
 }
 

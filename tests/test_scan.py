@@ -1,0 +1,234 @@
+"""`commcal scan` without a cluster: the round-robin schedule, the slow-node rule on synthetic machines, the scan
+file and its readers (report, diff) on good and damaged directories, the scale planner and both --dry-runs, and
+one real 3-rank scan on this host."""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_main, run_mpi
+from microbench import plan
+from microbench.outliers import Rule, better_median, judge_pairs
+from microbench.scanfile import ScanRow, read_scan, write_scan
+from microbench.schedule import round_count, round_robin
+from microbench.stats import StopRule
+
+
+@pytest.mark.parametrize("n", range(0, 41))
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n):
+    rounds = round_robin(n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == list(combinations(range(n), 2))
+    assert len(rounds) == round_count(n) == (0 if n < 2 else n - 1 + n % 2)
+    for r in rounds:
+        members = [x for p in r for x in p]
+        assert len(members) == len(set(members)) and len(r) == n // 2
+
+
+def test_better_median_takes_the_better_middle_value_of_an_even_count():
+    assert better_median([1, 5, 9, 2], True) == 5 and better_median([1, 5, 9, 2], False) == 2
+    assert better_median([3, 1, 2], True) == 2 and np.isnan(better_median([float("nan")], True))
+
+
+def machine(n: int, seed: int, slow_nodes=(), slow_pairs=(), factor=0.55, noise=0.03):
+    """Pair bandwidths of n nodes (names n0..): 1.0 with +-noise, a slow node's pairs and a slow pair at factor."""
+    rng = np.random.default_rng(seed)
+    names = [f"n{i}" for i in range(n)]
+    out = {}
+    for a, b in combinations(names, 2):
+        v = 1.0 + rng.uniform(-noise, noise)
+        out[(a, b)] = v * (factor if a in slow_nodes or b in slow_nodes or (a, b) in slow_pairs else 1.0)
+    return names, out
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 16, 64])
+@pytest.mark.parametrize("seed", range(5))
+def test_the_rule_names_a_planted_slow_node_and_only_it(n, seed):
+    names, clean = machine(n, seed)
+    v = judge_pairs("bandwidth", clean, True, Rule(0.10), names)
+    assert v.slow_nodes == () and v.slow_pairs == ()
+    slow = names[seed % n]
+    names, pairs = machine(n, seed, slow_nodes=(slow,))
+    v = judge_pairs("bandwidth", pairs, True, Rule(0.10), names)
+    assert v.slow_nodes == (slow,)
+    assert sorted(v.slow_pairs) == sorted(p for p in pairs if slow in p)
+    # latency: lower is better, the slow node's pairs take twice as long
+    lat = {p: 1 / x if slow not in p else 2 / x for p, x in clean.items()}
+    assert judge_pairs("latency", lat, False, Rule(0.5), names).slow_nodes == (slow,)
+
+
+def test_a_slow_link_between_healthy_nodes_flags_the_pair_not_its_nodes():
+    names, pairs = machine(8, 1, slow_pairs=(("n2", "n5"),))
+    v = judge_pairs("bandwidth", pairs, True, Rule(0.10), names)
+    assert v.slow_nodes == () and v.slow_pairs == (("n2", "n5"),)
+
+
+def test_the_rule_holds_while_slow_nodes_are_a_minority():
+    names, pairs = machine(16, 2, slow_nodes=("n3", "n11", "n12"))
+    assert judge_pairs("bandwidth", pairs, True, Rule(0.10), names).slow_nodes == ("n3", "n11", "n12")
+
+
+def scan_dir(path: Path, slow: str | None = None, n: int = 4) -> Path:
+    """A scan directory as `commcal scan` writes it, of n nodes; `slow`'s pairs at half the bandwidth."""
+    nodes = [f"node{i + 1}" for i in range(n)]
+    rows = []
+    for rnd, pairs in enumerate(round_robin(n)):
+        for a, b in pairs:
+            a, b = nodes[a], nodes[b]
+            f = 0.5 if slow in (a, b) else 1.0
+            rows.append(ScanRow("pair", a, b, rnd, "pingpong", 8, 100, 20e-6, 19e-6, 21e-6, True, 8 / 20e-6, 0))
+            t = (4 << 20) / (47.8e6 * f)
+            rows.append(ScanRow("pair", a, b, rnd, "pingpong", 4 << 20, 12, t, t * 0.99, t * 1.01, True,
+                                (4 << 20) / t, 0))
+    for node in nodes:
+        rows.append(ScanRow("node", node, "", -1, "copy", 16 << 20, 50, 1e-3, 0.99e-3, 1.01e-3, True, 32e9, 0))
+        rows.append(ScanRow("node", node, "", -1, "gemm", 1 << 20, 50, 2e-3, 1.99e-3, 2.01e-3, True, 130e9, 0))
+    meta = {"schema": "commcal.scan", "version": 1, "nodes": nodes, "options": {"bandwidth_tolerance": 0.1}}
+    write_scan(path, meta, rows)
+    return path
+
+
+def test_a_scan_file_reads_back_with_its_slow_node(tmp_path):
+    scan = read_scan(scan_dir(tmp_path / "s", slow="node3"))
+    assert scan.flagged_nodes() == {"node3": ["bandwidth"]}
+    assert scan.latency_size == 8 and scan.bandwidth_size == 4 << 20
+    assert abs(scan.pair_values(4 << 20, "rate")[("node1", "node2")] / 47.8e6 - 1) < 1e-9
+
+
+def test_report_and_diff_of_scans(tmp_path, capsys):
+    clean, slow = scan_dir(tmp_path / "a"), scan_dir(tmp_path / "b", slow="node2")
+    code, out, err = run_main(capsys, ["report", "--run", str(slow), "--out", str(tmp_path / "r")])
+    assert code == 0, err
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "Slow nodes: node2 (bandwidth)" in html and "scan-pairs" in (tmp_path / "r" / "report.md").read_text()
+    code, out, err = run_main(capsys, ["diff", str(clean), str(slow), "--check", "--out", str(tmp_path / "d")])
+    assert code == 1 and "newly slow nodes: node2" in out, out + err
+    assert "node1–node2  bandwidth" in out and " 0.500" in out
+    code, out, _ = run_main(capsys, ["diff", str(clean), str(clean), "--check"])
+    assert code == 0 and "newly slow nodes: none" in out
+    code, _, err = run_main(capsys, ["diff", str(clean), str(tmp_path / "nothing.json")])
+    assert code == 2 and "cannot compare a scan with a calibration" in err
+
+
+def _break(path: Path, how: str) -> None:
+    meta, parquet = path / "scan.json", path / "scan.parquet"
+    if how == "no scan.json":
+        meta.unlink()
+    elif how == "corrupt scan.json":
+        meta.write_text("{not json")
+    elif how == "scan.json not an object":
+        meta.write_text("[1, 2]")
+    elif how == "other schema":
+        meta.write_text(json.dumps({"schema": "commcal.run", "version": 1, "nodes": ["a", "b"]}))
+    elif how == "nodes not a list":
+        meta.write_text(json.dumps({"schema": "commcal.scan", "version": 1, "nodes": "node1"}))
+    elif how == "tolerance a string":
+        meta.write_text(json.dumps({"schema": "commcal.scan", "version": 1, "nodes": ["node1", "node2"],
+                                    "options": {"latency_tolerance": "lots"}}))
+    elif how == "truncated parquet":
+        parquet.write_bytes(parquet.read_bytes()[:200])
+    elif how == "no parquet":
+        parquet.unlink()
+    elif how == "parquet lacks columns":
+        import pandas as pd
+
+        pd.read_parquet(parquet).drop(columns=["rate"]).to_parquet(parquet)
+    elif how == "no pairs of its nodes":
+        meta.write_text(json.dumps({"schema": "commcal.scan", "version": 1, "nodes": ["x", "y"]}))
+
+
+@pytest.mark.parametrize("how", ["no scan.json", "corrupt scan.json", "scan.json not an object", "other schema",
+                                 "nodes not a list", "tolerance a string", "truncated parquet", "no parquet",
+                                 "parquet lacks columns", "no pairs of its nodes"])
+def test_readers_answer_a_damaged_scan_with_one_line_and_exit_2(tmp_path, capsys, how):
+    good, bad = scan_dir(tmp_path / "good"), scan_dir(tmp_path / "bad")
+    _break(bad, how)
+    for argv in (["report", "--scan", str(bad), "--out", str(tmp_path / "r")], ["diff", str(good), str(bad)]):
+        if how == "no scan.json" and argv[0] == "diff":
+            argv = ["diff", str(bad / "x"), str(good)]
+        code, _, err = run_main(capsys, argv)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (how, argv, err)
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 1800), ("1:30", 90), ("02:00:00", 7200), ("1-00", 86400),
+                                           ("1-02:03", 93780), ("1-02:03:04", 93784)])
+def test_slurm_time_limits(text, seconds):
+    assert plan.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1:2:3:4", "0", "-5"])
+def test_bad_time_limits_are_usage_errors(bad):
+    from microbench.errors import UsageError
+
+    with pytest.raises(UsageError):
+        plan.parse_duration(bad)
+
+
+def test_allocations_hold_every_visit_once_in_order_within_the_limit():
+    est = plan.Estimate("sweep", 8, tuple(np.random.default_rng(0).uniform(0.1, 3, 5000)), 0, 0, 30.0)
+    chunks = est.chunks(1800)
+    assert chunks[0][0] == 0 and chunks[-1][1] == 4999
+    assert all(b + 1 == c for (_, b, _), (c, _, _) in zip(chunks, chunks[1:]))
+    assert all(t <= 0.9 * 1800 - 30 for _, _, t in chunks)
+    assert len(chunks) == int(np.ceil(sum(est.visits) / (0.9 * 1800 - 30))) or len(chunks) == \
+        int(np.ceil(sum(est.visits) / (0.9 * 1800 - 30))) + 1
+    assert est.chunks(31) == []
+
+
+def test_scan_estimate_grows_with_the_rounds_of_the_schedule():
+    rule, m = StopRule(0.02, 10, budget_s=0.5), plan.Machine.default()
+    small, big = (plan.scan_estimate(n, [8, 4 << 20], 1, rule, m, (32e6, 2.7e8)) for n in (64, 4096))
+    assert len(big.visits) == 4095 + 2 and big.quiet_s <= big.worst_s
+    per_round = (big.worst_s - big.launch_s) / 4095
+    assert per_round == pytest.approx((small.worst_s - small.launch_s) / 63, rel=0.05)
+
+
+def test_dry_runs_print_plans_without_mpi(capsys):
+    code, out, err = run_main(capsys, ["scan", "--dry-run", "--nodes", "4096", "--time-limit", "1:00:00"])
+    assert code == 0, err
+    assert "4095 rounds" in out and "does not resume" in out
+    code, out, err = run_main(capsys, ["sweep", "--dry-run", "--nodes", "256", "--gpus-per-node", "8",
+                                       "--time-limit", "0:20:00"])
+    assert code == 0, err
+    assert "256 nodes x 8 ranks" in out and "sbatch --array=0-" in out and "%1 -N 256 --ntasks-per-node=8" in out
+    code, _, err = run_main(capsys, ["sweep", "--dry-run"])
+    assert code == 2 and "--nodes" in err
+    code, _, err = run_main(capsys, ["sweep", "--ops", "allreduce"])
+    assert code == 2 and "--out" in err
+
+
+@pytest.mark.mpi
+def test_a_real_scan_of_three_ranks(tmp_path):
+    out = tmp_path / "scan"
+    args = ["scan", "--per-rank", "--quick", "--sizes", "8,256K", "--gemm-size", "64K", "--copy-size", "1M",
+            "--out", str(out)]
+    proc = run_mpi(3, args, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    scan = read_scan(out)
+    assert len(scan.nodes) == 3 and len(set(scan.nodes)) == 3
+    assert len(scan.pairs) == 3 * 2 and (scan.pairs["wrong"] == 0).all()
+    assert sorted(zip(scan.pairs["node_a"], scan.pairs["node_b"])) == sorted(
+        [(a, b) for a, b in combinations(scan.nodes, 2)] * 2)
+    assert (scan.rows["rate"] > 0).all() and (scan.rows["median_s"] > 0).all()
+    assert set(scan.node_values("gemm")) == set(scan.nodes) == set(scan.node_values("copy"))
+    assert "flagged nodes:" in proc.stdout
+    refused = run_mpi(2, ["scan", "--out", str(tmp_path / "x")], timeout=60)
+    assert refused.returncode == 2 and "one rank per node" in refused.stderr, refused.stderr
+
+
+def test_the_scan_vocabulary_and_its_readers_leave_mpi4py_alone():
+    import subprocess
+    import sys
+
+    code = ("import sys; import microbench.schedule, microbench.outliers, microbench.scanfile, microbench.plan, "
+            "microbench.scan_cmd, reports.scan_view, reports.scan_diff, reports.diff_cmd, reports.report_cmd; "
+            "from reports.cli import main; main(['scan', '--dry-run', '--nodes', '8']); "
+            "bad = [m for m in ('mpi4py', 'cupy') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and "7 rounds" in proc.stdout, proc.stdout + proc.stderr
