@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.paradl import PUBLISHED
-from benchmarks.validate import _run, guarded
+from benchmarks.validate import _run, calibrate, guarded
 
 SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
@@ -50,11 +50,7 @@ def _bench(argv) -> int:
     launch = shlex.split(args.launch)
     cal = args.calibration
     if cal is None:
-        cal = str(out / "calibration.json")
-        sweep = [*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args)]
-        _run([*sweep, "--out", str(out / "sweep")])
-        _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(args.after_gemm)])
-        _run([*commcal, "fit", str(out / "sweep"), "--after-compute", str(out / "sweep-after"), "--out", cal])
+        cal = calibrate([*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args)], args.after_gemm, out)
     rows = []
     for model in args.model or ["vgg-small", "resnet-small"]:
         for mesh, strategies in MESHES:
