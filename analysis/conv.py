@@ -8,6 +8,8 @@
                 At most one mesh axis may take s: the halo runs along one axis's group.
   Pool2d        2 x 2 max pooling, stride 2; choices n, c (channels), s (H; local blocks must stay even), -.
   Activation2d  an elementwise activation (relu) on NCHW; choices n, c, s, -.
+  BatchNorm2d   batch normalisation with the batch's statistics; choices n, c, s, -: under n and s the per-channel
+                sums are allreduced, forward and backward.
   Flatten       [N,C,H,W] -> [N, C*H*W] for the dense head (analysis.layers.Linear); choices n, c (a block of
                 channels is a block of the flattened columns), -.
 
@@ -76,6 +78,50 @@ class Pool2d(_Map4d):
         fwd = (Compute("Y = maxpool(X)", (xl,), yl, 0.0, conv_kernels.pool_forward),)
         bwd = (Compute("dX = unpool(dY)", (yl, yl), xl, 0.0, conv_kernels.pool_grad),) if need_dx else ()
         return Schedule(s, fwd, bwd, self.itemsize * (math.prod(xl) + 2 * math.prod(yl)))
+
+
+@dataclass(frozen=True)
+class BatchNorm2d(_Map4d):
+    """Batch normalisation with the batch's statistics (training), weights W = [gamma, beta] per channel. Where the
+    batch or the height is split (n, s) the per-channel sums are partial: allreduced forward (sum and sum of
+    squares) and backward (sum of dY and of dY * xhat, which are also beta's and gamma's gradients, so those need
+    no exchange of their own): 2 C floats each way. Split channels (c) are independent."""
+
+    eps: float = 1e-5
+
+    @property
+    def out_shape(self):
+        return self.in_shape
+
+    def stats_sigs(self, s: Strategy):
+        """(the per-channel sums as computed, as used): partial where n or s splits X, split with the channels."""
+        local = _per_axis(s.choices, {"n": P, "c": Split(1), "s": P, "-": B})
+        return local, tuple(B if p == P else p for p in local)
+
+    def weight_sig(self, s: Strategy):
+        return _per_axis(s.choices, {"n": B, "c": Split(1), "s": B, "-": B})
+
+    def data_shapes(self):
+        return {"X": self.in_shape, "W": (2, self.channels), "dY": self.out_shape}
+
+    def data_sigs(self, s):
+        return {**super().data_sigs(s), "W": self.weight_sig(s)}
+
+    def output_sigs(self, s):
+        return {**super().output_sigs(s), "dW": self.weight_sig(s)}
+
+    def _schedule(self, s, mesh, need_dx):
+        xl = self._local(self.in_shape, self.sigs(s).x, mesh)
+        partial_sig, whole = self.stats_sigs(s)
+        sl = self._local((2, self.channels), whole, mesh)
+        reduce = self._redistribute((2, self.channels), partial_sig, whole, mesh)
+        count = self.batch * self.height * self.width
+        fwd = (Compute("S = [sum X, sum X^2]", (xl, xl), sl, 0.0, conv_kernels.bn_stats), *reduce,
+               Compute("Y = gamma * xhat + beta", (xl, xl, xl), xl, 0.0,
+                       partial(conv_kernels.bn_forward, count, self.eps)))
+        bwd = (Compute("G = [sum dY, sum dY * xhat]", (xl, xl), sl, 0.0, conv_kernels.bn_grad_stats), *reduce,
+               Compute("dX = BN'(dY); dW = G", (xl, xl, xl), xl, 0.0, partial(conv_kernels.bn_grad, count)))
+        return Schedule(s, fwd, bwd, self.itemsize * 4 * math.prod(xl))
 
 
 @dataclass(frozen=True)

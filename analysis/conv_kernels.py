@@ -102,3 +102,36 @@ def flatten_forward(xp, e) -> None:
 
 def flatten_grad(xp, e) -> None:
     e["dX"] = e["dY"].reshape(e["X"].shape)
+
+
+def bn_stats(xp, e) -> None:
+    """S = [sum X, sum X^2] per channel: a partial sum where the batch or the height is split."""
+    x = e["X"]
+    e["S"] = xp.stack([x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))])
+
+
+def _per_channel(v):
+    return v[None, :, None, None]
+
+
+def bn_forward(count: int, eps: float, xp, e) -> None:
+    """Y = gamma (X - mean) / sqrt(var + eps) + beta, mean and var over the `count` elements of each channel (the
+    global batch and image); W holds [gamma, beta]."""
+    mean = e["S"][0] / count
+    e["inv"] = 1 / xp.sqrt(e["S"][1] / count - mean * mean + eps)
+    e["xhat"] = (e["X"] - _per_channel(mean)) * _per_channel(e["inv"])
+    e["Y"] = _per_channel(e["W"][0]) * e["xhat"] + _per_channel(e["W"][1])
+
+
+def bn_grad_stats(xp, e) -> None:
+    """G = [sum dY, sum dY * xhat] per channel: beta's and gamma's gradients, partial where X is split."""
+    dy = e["dY"]
+    e["G"] = xp.stack([dy.sum(axis=(0, 2, 3)), (dy * e["xhat"]).sum(axis=(0, 2, 3))])
+
+
+def bn_grad(count: int, xp, e) -> None:
+    """dX from the reduced G; dW = [dgamma, dbeta] = [G[1], G[0]]."""
+    g = e["G"]
+    e["dX"] = _per_channel(e["W"][0] * e["inv"]) * (e["dY"] - _per_channel(g[0] / count)
+                                                     - e["xhat"] * _per_channel(g[1] / count))
+    e["dW"] = xp.stack([g[1], g[0]])

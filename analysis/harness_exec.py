@@ -11,7 +11,7 @@ from functools import partial
 import numpy as np
 
 from analysis import colossal, kernels
-from analysis.conv import Conv2d
+from analysis.conv import BatchNorm2d, Conv2d
 from analysis.halo import Halo
 from analysis.layers import Compute, Embedding, Layer, Linear, Schedule
 from analysis.mesh import Mesh
@@ -127,7 +127,9 @@ class Runner:
             items = self._linear(sched)
             inputs["Wst"] = inputs["W"]
         elif isinstance(layer, Conv2d):
-            items = self._conv(sched)
+            items = self._phases(sched, ("", "dW"))
+        elif isinstance(layer, BatchNorm2d):
+            items = self._phases(sched, ("S", "G"))
         else:
             items = self._computes(sched.steps)
         for c in sched.steps:
@@ -196,12 +198,16 @@ class Runner:
             items += self.chain(phase[last + 1:], "dW", "dW")
         return items
 
-    def _conv(self, sched) -> list[Item]:
-        """The convolution's products, its halo exchanges (on X forward, on dX backward) and its weight gradient
-        reduced into its placement."""
-        return [Item(e, partial(e.run, self.xp)) if isinstance(e, Compute) else
-                Item(e, partial(e.run, coll=self.coll, xp=self.xp)) if isinstance(e, Halo) else self.step(e, "dW", "dW")
-                for e in sched.steps]
+    def _phases(self, sched, buffers: tuple[str, str]) -> list[Item]:
+        """A CNN layer's computations, halo exchanges (a convolution's, on X forward and dX backward) and
+        redistribution steps, each phase's steps on its buffer: a convolution's weight gradient (backward), a batch
+        norm's per-channel sums (both)."""
+        items = []
+        for phase, buf in zip((sched.forward, sched.backward), buffers):
+            items += [Item(e, partial(e.run, self.xp)) if isinstance(e, Compute) else
+                      Item(e, partial(e.run, coll=self.coll, xp=self.xp)) if isinstance(e, Halo) else
+                      self.step(e, buf, buf) for e in phase]
+        return items
 
     def _embedding(self, layer: Embedding, sched, data) -> tuple[list[Item], object, np.ndarray]:
         """(items, this device's local ids, the global ids). Lookups run at the table rows' owner; the forward

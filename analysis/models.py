@@ -2,8 +2,8 @@
 
 Kinds: linear (m, k, n), mlp (batch, d_in, d_hidden, d_out), dense (batch, dims=25088-4096-1000: linears
 with an activation between), embedding (vocab, dim, tokens, density), transformer (d, heads, head_dim, seq,
-batch, layers, ffn, vocab: 0 for no embedding, density), cnn (batch, image, channels, kernel, convs, dense: a chain of
-convolutions, each followed by a relu, with "p" for a 2 x 2 max pooling, e.g. convs=16-16-p-32-32-p; then the
+batch, layers, ffn, vocab: 0 for no embedding, density), cnn (batch, image, channels, kernel, convs, dense, bn: a chain of
+convolutions, each followed by a relu (bn=1: a batch norm before it), with "p" for a 2 x 2 max pooling, e.g. convs=16-16-p-32-32-p; then the
 flattened dense head, e.g. dense=64-16; analysis.conv). A transformer block is QKV projection, per-head
 attention, output projection, MLP (fc1, gelu, fc2); residuals and norms are elementwise and left out.
 A cnn's residual additions (ResNet) are elementwise and left out the same way. Presets (overridable, e.g. "gpt-8.3b:layers=4"): see PRESETS."""
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analysis.conv import Activation2d, Conv2d, Flatten, Pool2d
+from analysis.conv import Activation2d, BatchNorm2d, Conv2d, Flatten, Pool2d
 from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from microbench.errors import UsageError
 from microbench.ops import itemsize as dtype_itemsize
@@ -43,7 +43,7 @@ KINDS = {
     "embedding": {"vocab": 51200, "dim": 1024, "tokens": 8192, "density": 0.05},
     "transformer": {"d": 1024, "heads": 16, "head_dim": 0, "seq": 1024, "batch": 8, "layers": 1, "ffn": 0,
                     "vocab": 0, "density": 0.05},
-    "cnn": {"batch": 8, "image": 32, "channels": 4, "kernel": 3, "convs": "16-16-p", "dense": "16"},
+    "cnn": {"batch": 8, "image": 32, "channels": 4, "kernel": 3, "convs": "16-16-p", "dense": "16", "bn": 0},
 }
 TEXT_PARAMS = ("dims", "convs", "dense")
 
@@ -108,7 +108,10 @@ def _cnn(p: dict, isz: int) -> list[Layer]:
             side //= 2
             continue
         convs += 1
-        out += [Conv2d(f"conv{convs}", isz, n, c, item, side, side, k), Activation2d(f"relu{convs}", isz, n, item, side, side)]
+        out.append(Conv2d(f"conv{convs}", isz, n, c, item, side, side, k))
+        if p["bn"]:
+            out.append(BatchNorm2d(f"bn{convs}", isz, n, item, side, side))
+        out.append(Activation2d(f"relu{convs}", isz, n, item, side, side))
         c = item
     out.append(Flatten("flatten", isz, n, c, side, side))
     return out + _dense("", n, [c * side * side, *_sizes("cnn", "dense", p["dense"])], isz)
@@ -123,7 +126,7 @@ def _params(kind: str, given: dict[str, str]) -> dict:
             out[key] = text if key in TEXT_PARAMS else (float(text) if key == "density" else int(text))
         except ValueError:
             raise UsageError(f"{kind}: {key}={text!r} is not a number") from None
-        if key not in (*TEXT_PARAMS, "density", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
+        if key not in (*TEXT_PARAMS, "density", "bn", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
             raise UsageError(f"{kind}: {key} must be at least 1 (got {out[key]})")
     return out
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.conv import Activation2d, Conv2d, Flatten, Pool2d
+from analysis.conv import Activation2d, BatchNorm2d, Conv2d, Flatten, Pool2d
 from analysis.layers import Elementwise, Layer, Linear, Strategy
 from analysis.mesh import Mesh
 from analysis.models import Model, parse_model
@@ -37,6 +37,7 @@ PUBLISHED = {"data": 0.9610, "filter": 0.8556, "channel": 0.7367, "data+filter":
 
 ROLES = {Conv2d: {"d": "n", "f": "f", "c": "c", "s": "s"},
          Activation2d: {"d": "n", "f": "c", "c": "c", "s": "s"},
+         BatchNorm2d: {"d": "n", "f": "c", "c": "c", "s": "s"},
          Pool2d: {"d": "n", "f": "c", "c": "c", "s": "s"},
          Flatten: {"d": "n", "f": "c", "c": "c", "s": "n"},
          Linear: {"d": "m", "f": "n", "c": "k", "s": "m"},

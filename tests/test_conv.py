@@ -5,17 +5,20 @@ link sharing of concurrent halo groups, the network strategies and the pipeline 
 
 import json
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 
 from analysis import conv_kernels as K
-from analysis.conv import Conv2d, Pool2d
+from analysis.conv import BatchNorm2d, Conv2d, Pool2d
 from analysis.layers import Strategy
 from analysis.mesh import Mesh, parse_mesh
 from analysis.models import parse_model
 from analysis.paradl import STRATEGIES, applicable, assignment, network_options, pipeline
 from analysis.pricing import Pricer
+from analysis.redistribute import plan as redistribution
+from analysis.sbp import B, P
 from analysis.schedules import Schedule
 from analysis.search import Tabulator
 from calib.algorithms import CANDIDATES, algorithm
@@ -105,6 +108,47 @@ def test_pooling_routes_each_gradient_to_its_window_maximum():
     assert e["Y"][1, 2, 1, 2] == x[1, 2, 2:4, 4:6].max()
     assert (e["dX"] != 0).sum() == dy.size and e["dX"].sum() == pytest.approx(dy.sum())
     assert e["dX"][1, 2, 2:4, 4:6].max() == pytest.approx(max(dy[1, 2, 1, 2], 0)) or dy[1, 2, 1, 2] < 0
+
+
+def test_batch_norm_kernels_match_finite_differences_and_split_sums():
+    """The forward normalises each channel; dX and [dgamma, dbeta] match central differences of sum(Y * dY); and the
+    per-channel sums of two halves of the batch add up to the whole's (what the allreduce relies on)."""
+    rng = np.random.default_rng(3)
+    x, w, dy = rng.standard_normal((4, 3, 5, 2)), rng.standard_normal((2, 3)), rng.standard_normal((4, 3, 5, 2))
+
+    def run(x_, w_):
+        e = {"X": x_, "W": w_, "dY": dy}
+        for kernel in (K.bn_stats, partial(K.bn_forward, 40, 1e-5), K.bn_grad_stats, partial(K.bn_grad, 40)):
+            kernel(np, e)
+        return e
+    e = run(x, w)
+    xhat = (e["Y"] - w[1][None, :, None, None]) / w[0][None, :, None, None]
+    np.testing.assert_allclose(xhat.mean(axis=(0, 2, 3)), 0, atol=1e-12)
+    np.testing.assert_allclose(xhat.var(axis=(0, 2, 3)), 1, rtol=1e-3)
+    loss = lambda x_, w_: float((run(x_, w_)["Y"] * dy).sum())  # noqa: E731
+    for idx in [(0, 0, 0, 0), (3, 2, 4, 1)]:
+        d = np.zeros_like(x)
+        d[idx] = 1e-6
+        assert e["dX"][idx] == pytest.approx((loss(x + d, w) - loss(x - d, w)) / 2e-6, rel=1e-5, abs=1e-7)
+    for idx in [(0, 1), (1, 2)]:
+        d = np.zeros_like(w)
+        d[idx] = 1e-6
+        assert e["dW"][idx] == pytest.approx((loss(x, w + d) - loss(x, w - d)) / 2e-6, rel=1e-5, abs=1e-7)
+    halves = [{"X": x[:2]}, {"X": x[2:]}]
+    for h in halves:
+        K.bn_stats(np, h)
+    np.testing.assert_allclose(halves[0]["S"] + halves[1]["S"], e["S"], atol=1e-12)
+
+
+def test_batch_norm_allreduces_its_channel_sums_where_the_batch_or_height_is_split():
+    bn = BatchNorm2d("bn", 4, batch=8, channels=16, height=16, width=16)
+    for choice in ("n", "s"):
+        assert _comm(bn.schedule(Strategy((choice,)), parse_mesh("4"))) == [("allreduce", 0, 2 * 16 * 4)] * 2
+    mesh = parse_mesh("2x2")
+    both = redistribution((2, 16), 4, (P, P), (B, B), mesh).steps        # partial on both axes: the plan's route
+    assert _comm(bn.schedule(Strategy(("n", "s")), mesh)) == [(st.op, st.axis, st.size_bytes) for st in both] * 2
+    assert _comm(bn.schedule(Strategy(("n", "c")), mesh)) == [("allreduce", 0, 2 * 8 * 4)] * 2
+    assert _comm(bn.schedule(Strategy(("c", "-")), mesh)) == []
 
 
 CONV = Conv2d("c", 4, batch=8, channels=16, filters=32, height=16, width=16, kernel=3)

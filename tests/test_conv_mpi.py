@@ -1,4 +1,4 @@
-"""CNNs on real mpirun jobs: every strategy of every conv layer kind, and a whole network under each of ParaDL's
+"""CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network under each of ParaDL's
 strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness hands MPI for halo
 exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced ones; benchmarks.paradl
 prints its table from a given calibration."""
@@ -20,7 +20,7 @@ from conftest import REPO, mpi_env, mpiexec_argv, run_mpi
 
 pytestmark = pytest.mark.mpi
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv", "pingpong")
-CNN = "cnn:batch=4,image=8,channels=4,convs=8-p-8,dense=8"
+CNN = "cnn:batch=4,image=8,channels=4,convs=8-p-8,dense=8,bn=1"
 FAST = ["--budget", "0.005", "--min-samples", "2", "--target-ci", "0.5", "--bootstrap", "20", "--rounds", "1",
         "--refine-rounds", "0", "--max-strategies", "1000"]
 
@@ -39,12 +39,16 @@ def test_every_conv_layer_strategy_matches_one_process(tmp_path, ranks, mesh):
     frame = pd.read_parquet(out / "strategies.parquet")
     m = parse_mesh(mesh, ranks, ranks)
     assert len(frame) == sum(len(l.strategies(m)) for l in parse_model(CNN).layers)
-    assert {"cnn.conv1", "cnn.relu1", "cnn.pool1", "cnn.conv2", "cnn.relu2", "cnn.flatten", "cnn.fc1"} == set(frame["layer"])
+    assert {"cnn.conv1", "cnn.bn1", "cnn.relu1", "cnn.pool1", "cnn.conv2", "cnn.bn2", "cnn.relu2", "cnn.flatten",
+            "cnn.fc1"} == set(frame["layer"])
     assert (frame["max_rel_err"] <= TOLERANCE["float32"]).all() and (frame["measured_s"] > 0).all()
-    assert proc.stdout.count("numerics ok") == 7
+    assert proc.stdout.count("numerics ok") == 9
     steps = pd.read_parquet(out / "steps.parquet")
     halos = steps[steps["op"] == "sendrecv"]
     assert set(halos["strategy"].str.count("s")) == {1} and set(halos["layer"]) == {"cnn.conv1", "cnn.conv2"}
+    bn = steps[(steps["layer"] == "cnn.bn1") & (steps["op"] != "compute")]    # batch or height split: 2 x 8 sums
+    assert set(bn["op"]) == {"allreduce"} and set(bn["size_bytes"]) == {2 * 8 * 4}
+    assert set(bn["strategy"]) == {s for s in frame.loc[frame["layer"] == "cnn.bn1", "strategy"] if set(s) & set("ns")}
 
 
 @pytest.mark.parametrize("ranks,mesh,strategies", [
