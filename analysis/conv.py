@@ -76,7 +76,8 @@ class Pool2d(_Map4d):
             raise _Infeasible(f"{self.name}: a block of {xl[2]} rows cannot be pooled 2 x 2")
         yl = (*xl[:2], xl[2] // 2, xl[3] // 2)
         fwd = (Compute("Y = maxpool(X)", (xl,), yl, 0.0, conv_kernels.pool_forward),)
-        bwd = (Compute("dX = unpool(dY)", (yl, yl), xl, 0.0, conv_kernels.pool_grad),) if need_dx else ()
+        # the corners stacked and read for their arg-max, the routed gradient written and read back, dY read
+        bwd = (Compute("dX = unpool(dY)", (xl, xl, xl, xl, yl), xl, 0.0, conv_kernels.pool_grad),) if need_dx else ()
         return Schedule(s, fwd, bwd, self.itemsize * (math.prod(xl) + 2 * math.prod(yl)))
 
 

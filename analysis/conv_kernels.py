@@ -85,14 +85,14 @@ def pool_forward(xp, e) -> None:
 
 
 def pool_grad(xp, e) -> None:
-    """Each window's gradient to its maximum (the first corner that holds it, on a tie)."""
-    x, y, dy = e["X"], e["Y"], e["dY"]
-    dx = xp.zeros_like(x)
-    free = xp.ones(y.shape, dtype=bool)
-    for src, dst in zip(_windows(x), _windows(dx)):
-        hit = free & (src == y)
-        dst[...] = xp.where(hit, dy, 0)
-        free &= ~hit
+    """Each window's gradient to its maximum (the first corner that holds it, on a tie): the corners stacked, the
+    arg-max of each window, the gradient routed to it and written back through the corners."""
+    x, dy = e["X"], e["dY"]
+    corners = xp.stack(_windows(x))
+    routed = (xp.arange(4).reshape(4, 1, 1, 1, 1) == corners.argmax(axis=0)) * dy
+    dx = xp.empty_like(x)
+    for k, dst in enumerate(_windows(dx)):
+        dst[...] = routed[k]
     e["dX"] = dx
 
 
