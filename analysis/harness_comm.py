@@ -96,6 +96,22 @@ class Collectives:
                       source=frm if 0 <= frm < comm.size else MPI.PROC_NULL, recvtag=11)
         return out
 
+    def isend(self, buf, axis: int, dest: int, tag: int):
+        """Start sending a host buffer to member `dest` of this rank's group on `axis`; the request to wait on."""
+        return self.axes[axis].Isend(buf, dest, tag)
+
+    def iallreduce(self, buf, axis: int):
+        """Start summing a host buffer over the group on `axis`: (the request to wait on, the result's buffer)."""
+        out = np.empty_like(buf)
+        return self.axes[axis].Iallreduce(buf, out, op=MPI.SUM), out
+
+    def recv(self, buf, axis: int, source: int, tag: int) -> None:
+        self.axes[axis].Recv(buf, source, tag)
+
+    @staticmethod
+    def wait(requests) -> None:
+        MPI.Request.Waitall(requests)
+
     def barrier(self) -> None:
         self.world.Barrier()
 

@@ -122,3 +122,15 @@ def attention_back_inputs(xp, e, hd: int):
     ds = a * (e["dA"] - (e["dA"] * a).sum(axis=-1, keepdims=True)) / math.sqrt(hd)
     dq, dk = ds @ e["K"], ds.transpose(0, 2, 1) @ e["Q"]
     return _tokens(xp.stack([dq, dk, e["dV"]], axis=2), e["V"].shape[1], e["X"].shape[0])
+
+
+def layer_norm(xp, x, eps: float = 1e-5):
+    """(x normalised over its last axis, 1 / its standard deviation): a layer norm without scale and shift."""
+    centred = x - x.mean(axis=-1, keepdims=True)
+    inv = 1 / xp.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)
+    return centred * inv, inv
+
+
+def layer_norm_grad(xp, y, inv, dy):
+    """The input gradient of layer_norm from its output y, its 1 / std and the output gradient dy."""
+    return inv * (dy - dy.mean(axis=-1, keepdims=True) - y * (dy * y).mean(axis=-1, keepdims=True))

@@ -43,7 +43,8 @@ PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 (the ZeRO paper's K = 12)."""
 ADAM_TRAFFIC_BYTES = 28
 """Bytes an Adam step reads and writes per parameter it updates: fp32 weight, momentum, variance in and out, the
-fp16 gradient in and the fp16 weight out."""
+fp16 gradient in and the fp16 weight out (in fp32 throughout, without a master copy: weight, momentum and variance
+in and out and the gradient in, 28 as well)."""
 OPTIMIZER_TRAFFIC_BYTES = 54
 """Bytes Megatron-LM's mixed-precision optimizer step moves per parameter: fp16 gradient to fp32 (2 + 4), unscale
 with the overflow check (4 + 4), the gradient norm for clipping (4), Adam on fp32 gradient, weight, momentum and
@@ -248,7 +249,8 @@ class TrainingPricer:
     caching what configurations share: a pricer per (t, p, d), a layer's times per (t, mb, sp, recompute)."""
 
     def __init__(self, calibration, model: Transformer, devices: int, gpus_per_node: int, dtype: str,
-                 nics_per_node: int = 1, memory_bytes: float | None = None, terms: Terms = Terms()):
+                 nics_per_node: int = 1, memory_bytes: float | None = None, terms: Terms = Terms(),
+                 mixed: bool = True):
         if devices < 1 or gpus_per_node < 1:
             raise UsageError("--devices and --gpus-per-node must be at least 1")
         if devices > gpus_per_node and devices % gpus_per_node:
@@ -261,6 +263,12 @@ class TrainingPricer:
         self.itemsize = itemsize(dtype)
         self.nics_per_node = nics_per_node
         self.memory_bytes = memory_bytes
+        self.mixed = mixed
+        self.param_bytes, self.grad_bytes, self.optimizer_bytes = (PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES) if mixed \
+            else (self.itemsize, self.itemsize, 2 * self.itemsize)
+        """Bytes per parameter: mixed precision (fp16 weights and gradients, fp32 Adam states and master weights), or
+        (mixed=False, as the validation harness trains) everything in `dtype` with no master copy, and a plain Adam
+        step (ADAM_TRAFFIC_BYTES) for the optimizer."""
         self.terms = terms
         self._wave = calibration.gemm_wave(dtype)
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
@@ -387,7 +395,8 @@ class TrainingPricer:
         acts = self.model.layers // c.p * per_layer * c.schedule.in_flight(c.p, m)
         if c.recompute == "full":        # the one layer being recomputed holds all its activations
             acts += self.activation_bytes(replace(c, recompute="none"))
-        return Memory(P * PARAM_BYTES / shard(3), P * GRAD_BYTES / shard(2), P * OPTIMIZER_BYTES / shard(1), acts)
+        return Memory(P * self.param_bytes / shard(3), P * self.grad_bytes / shard(2),
+                      P * self.optimizer_bytes / shard(1), acts)
 
     def problem(self, c: Config) -> str | None:
         """Why configuration c cannot run this model on these devices (before memory), or None."""
@@ -426,7 +435,7 @@ class TrainingPricer:
         pp = c.schedule.messages(c.p, m) * self._message(c, pricer, message) if c.p > 1 else 0.0
         dp_total, dp_exposed = self._dp(c, m, pricer, n * layer.fwd + embed.fwd, n * layer.bwd + embed.bwd)
         handled = self.stage_params(c) / (c.d if c.zero >= 1 else 1)
-        per_param = OPTIMIZER_TRAFFIC_BYTES if self.terms.optimizer_passes else ADAM_TRAFFIC_BYTES
+        per_param = OPTIMIZER_TRAFFIC_BYTES if self.terms.optimizer_passes and self.mixed else ADAM_TRAFFIC_BYTES
         optimizer = self._traffic(handled * per_param / self.itemsize)
         bubble = c.schedule.bubble_slots(c.p) * stage_avg
         compute = m * (n * layer.compute + sum(x.compute for x in extras))
@@ -459,7 +468,7 @@ class TrainingPricer:
         if c.d == 1:
             return 0.0, 0.0
         P = self.stage_params(c)
-        grads, params = P * GRAD_BYTES, P * PARAM_BYTES
+        grads, params = P * self.grad_bytes, P * self.param_bytes
         comm = lambda op, nbytes: self._comm(pricer, op, "dp", nbytes)  # noqa: E731
         hidden = (lambda s, window: max(0.0, s - window)) if c.dp_overlap else (lambda s, window: s)  # noqa: E731
         if c.zero == 0:

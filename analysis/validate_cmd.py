@@ -4,7 +4,12 @@ against the measured one. DIR gets strategies.parquet/.csv (predicted beside mea
 strategy), steps.parquet/.csv (every step), summary.json (metrics with 95% CIs, per layer and overall,
 end to end and communication only; the link classes priced by another's models) and run.json (provenance): the
 format reports/validation_view.py reads. A collective that no link class of the calibration has a model for is
-refused: its prediction would be infinite."""
+refused: its prediction would be infinite.
+
+`commcal validate CAL --training MODEL [--config t=..,p=..,d=..,mb=.. ...] --out DIR`: instead of layers, training
+configurations of a transformer (pipeline stages on ranks with a real GPipe, 1F1B or interleaved schedule, tensor and
+data parallelism, ZeRO 1) run for real and ranked against analysis.training's prices, in the same format
+(analysis.validate_training; docs/training.md)."""
 
 from __future__ import annotations
 
@@ -39,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "strategies that apply on the mesh (data, filter, channel, spatial on a 1-d mesh; data, "
                         "filter, channel, data+filter, data+spatial on a 2-d one): one row per strategy, the network "
                         "forward and backward end to end")
+    p.add_argument("--training", default=None, metavar="MODEL",
+                   help="validate training configurations of this transformer instead of layers, e.g. "
+                        "transformer:d=64,heads=4,layers=8,seq=32,batch=16 (no vocabulary: the blocks only)")
+    p.add_argument("--config", action="append", default=[], metavar="CONFIG",
+                   help="with --training, a configuration to run (repeatable), as predict --config takes it, e.g. "
+                        "t=2,p=2,d=1,mb=1,schedule=1f1b (default: every t x p x d of the ranks with 1F1B and "
+                        "micro-batches of 1 and 2, interleaved v=2 where p > 1, ZeRO 1 where d > 1)")
     p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")
@@ -106,6 +118,12 @@ def config(args) -> Config:
                          "--bootstrap >= 0")
     if not args.layer and not args.model and not args.quick:
         raise UsageError("give at least one --layer SPEC or --model SPEC (or --quick for the quick preset's layers)")
+    if args.training and args.layer:
+        raise UsageError("give --layer specs or --training MODEL, not both")
+    if args.config and not args.training:
+        raise UsageError("--config needs --training MODEL")
+    if not args.layer and not args.quick and not args.training:
+        raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers, or --training)")
     return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds, refine,
                   args.refine_margin, parse_selection(args.strategies))
 
@@ -135,7 +153,26 @@ def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer | M
     return config(args), layers + named_networks(args.model, args.dtype), load_calibration(args.calibration)
 
 
+def prepare_training(args: argparse.Namespace):
+    """(config, transformer, calibration) for --training, its configurations parsed into args.configs; a model with a
+    vocabulary is refused (the harness runs the blocks)."""
+    from analysis.training import Transformer, parse_config
+    from calib.calibration import load_calibration
+
+    model = Transformer.parse(args.training)
+    if model.vocab:
+        raise UsageError(f"--training {args.training!r}: the harness runs the transformer's blocks; give vocab=0")
+    args.configs = [parse_config(text) for text in args.config]
+    return config(args), model, load_calibration(args.calibration)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.training:
+        cfg, model, cal = prepare_training(args)
+        args.thread_choice = choose(args.thread_level, args.backend)
+        from analysis import validate_training
+
+        return validate_training.main(args, cfg, model, cal)
     cfg, layers, cal = prepare(args)
     args.thread_choice = choose(args.thread_level, args.backend)   # before validate_run initialises MPI
     from analysis import validate_run

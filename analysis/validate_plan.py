@@ -1,19 +1,24 @@
 """Which strategies `commcal validate` runs, checked before any rank starts: those --strategies picks (at least one per
 layer), every one feasible on the mesh and
 every collective priced on some link class; above --max-strategies, the predicted top half and a seeded sample
-of the rest; and the contenders that the refinement passes time again."""
+of the rest; and the contenders that the refinement passes time again. With --training, the training
+configurations it runs."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from dataclasses import replace
 
 from analysis.layers import Compute, Schedule
 from analysis.models import Model
 from analysis.paradl import STRATEGIES, applicable, network_options
 from analysis.options import nics_per_node
 from analysis.pricing import Pricer
+from analysis.schedules import Schedule as PipelineSchedule
 from analysis.search import Tabulator
 from analysis.redistribute import COLLECTIVES
+from analysis.training import Config, divisors
 from microbench.errors import UsageError
 
 
@@ -96,3 +101,19 @@ def plan(args, cfg, layers: list, cal, mesh):
         raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "
                          f"--backend {args.backend} needs a calibration of the same backend")
     return pricer, work
+
+
+def training_configs(devices: int) -> list[Config]:
+    """The configurations `validate --training` runs by default: every (p, t, d) of the devices, each with 1F1B and
+    micro-batches of 1 and of 2 sequences, interleaved (v = 2) where p > 1, and ZeRO 1 and DP overlap where d > 1
+    (the model's problem() then drops those it cannot run)."""
+    out = []
+    for p in divisors(devices):
+        for t in divisors(devices // p):
+            base = Config(t, p, devices // (p * t), 1)
+            out += [base, replace(base, micro_batch=2)]
+            if p > 1:
+                out.append(replace(base, schedule=PipelineSchedule("interleaved", 2)))
+            if base.d > 1:
+                out += [replace(base, zero=1), replace(base, dp_overlap=True)]
+    return out

@@ -28,10 +28,16 @@ from microbench.atomic import atomic_write, atomic_write_json
 from microbench.buffers import keep_freed_memory, set_page_policy
 
 
-def main(args, cfg, layers, cal) -> int:
+def host_memory(args, cal) -> tuple[str, str]:
+    """(allocator, page policy) the harness's host arrays get, set up as --allocator and --page-policy ask."""
     allocator = args.allocator if args.allocator == "system" or keep_freed_memory() else "system (no mallopt)"
     pages = args.page_policy if args.page_policy != "calibration" else cal.page_policy
     pages = set_page_policy(pages) if pages else set_page_policy("numpy-default") + ", the calibration does not say"
+    return allocator, pages
+
+
+def main(args, cfg, layers, cal) -> int:
+    allocator, pages = host_memory(args, cal)
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
     pricer, work = plan(args, cfg, layers, cal, mesh)
@@ -179,17 +185,27 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})
-    atomic_write_json(f"{out}/run.json", {
-        "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
-        "mesh": str(mesh), "hosts": hosts, "machine": machine, "date": provenance.now(), "cpu": provenance.cpu_model(),
-        "mpi_library_version": provenance.mpi_library_version(), "versions": provenance.software_versions(),
-        "environment": provenance.relevant_environment(), "cpu_steal": steal,
-        "mpi_thread_level": record(getattr(args, "thread_choice", None) or choose(None))})
+    write_run(args, cal, str(mesh), hosts, steal)
     print(f"validate: wrote {out} ({len(frame)} strategies)")
+    print_metrics(m)
+    print(attribution.describe(by_link, ratios))
+    print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(steal)}")
+
+
+
+def write_run(args, cal, mesh: str, hosts: list[str], steal: dict) -> None:
+    """DIR/run.json: the validation's provenance (rank 0)."""
+    atomic_write_json(f"{args.out}/run.json", {
+        "command": "validate", "argv": sys.argv, "calibration": args.calibration, "calibration_backend": cal.backend,
+        "mesh": mesh, "hosts": hosts, "machine": provenance.machine_name(hosts), "date": provenance.now(),
+        "cpu": provenance.cpu_model(), "mpi_library_version": provenance.mpi_library_version(),
+        "versions": provenance.software_versions(), "environment": provenance.relevant_environment(),
+        "cpu_steal": steal, "mpi_thread_level": record(getattr(args, "thread_choice", None) or choose(None))})
+
+
+def print_metrics(m: dict) -> None:
+    """The headline ranking metrics of a flat metrics dict, end to end and communication only."""
     for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):
             if pre + key in m:
                 print(f"  {(pre or 'total_') + key:<22} {ranking.text(m[pre + key])}")
-    print(attribution.describe(by_link, ratios))
-    print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(steal)}")
-

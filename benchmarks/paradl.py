@@ -30,7 +30,7 @@ MESHES = (("4", "data,filter,channel,spatial"), ("2x2", "data+filter,data+spatia
 
 
 def main(argv=None) -> int:
-    return guarded("bench_paradl", _bench, argv)
+    return guarded(_bench, argv, "bench_paradl")
 
 
 def _bench(argv) -> int:

@@ -62,8 +62,20 @@ def _print(columns: dict[str, dict]) -> None:
         print(f"{name:<26} " + " ".join(f"{v:>9.4f}" for v in values) + f"{cis}  {target}")
 
 
+def score_runs(runs: list[Path]) -> tuple[list[dict], dict[str, dict], list[pd.DataFrame]]:
+    """(summaries, columns for _print, strategies tables) of validate directories: each run's metrics, and each run's
+    measured times scored as the prediction of each other's."""
+    summaries = [json.loads((run / "summary.json").read_text()) for run in runs]
+    columns = {f"run {i + 1}": s["metrics"] for i, s in enumerate(summaries)}
+    tables = [pd.read_parquet(run / "strategies.parquet") for run in runs]
+    for a, b in permutations(range(len(runs)), 2):
+        repeat = ranking.repeat_frame(tables[a], tables[b])
+        columns[f"{a + 1} as {b + 1}"] = ranking.flat(ranking.frame_scores(repeat, 3, 1000, 0))
+    return summaries, columns, tables
+
+
 def main(argv=None) -> int:
-    return guarded("bench_validate", _bench, argv)
+    return guarded(_bench, argv, "bench_validate")
 
 
 def calibrate(sweep: list[str], after_gemm: int, out: Path) -> str:
@@ -79,9 +91,8 @@ def calibrate(sweep: list[str], after_gemm: int, out: Path) -> str:
     return cal
 
 
-def guarded(name: str, bench, argv) -> int:
-    """bench(argv), a command it ran that failed ending it with one line naming that command: exit 2 where the
-    command refused its input, else 1."""
+def guarded(bench, argv, name: str) -> int:
+    """bench(argv), a failed step ending it with one line naming that command and its exit code (2 stays 2)."""
     try:
         return bench(argv)
     except subprocess.CalledProcessError as e:
@@ -89,25 +100,34 @@ def guarded(name: str, bench, argv) -> int:
         return 2 if e.returncode == 2 else 1
 
 
-def _bench(argv) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--launch", required=True, help="MPI launcher prefix (4 ranks on 2 nodes for mesh 2x2)")
+def add_common_arguments(p: argparse.ArgumentParser, launch: str, links: str, repeat: int) -> None:
+    """The flags every ranking benchmark takes: launcher, output, calibration, links to sweep, validate's extra
+    arguments and the repeat count (defaults `links` and `repeat`)."""
+    p.add_argument("--launch", required=True, help=f"MPI launcher prefix ({launch})")
     p.add_argument("--out", required=True)
     p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
-    p.add_argument("--links", default="intra,inter", help="link classes to sweep (intra alone on one host)")
-    p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
-    p.add_argument("--after-gemm", type=int, default=384, metavar="N",
-                   help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
+    p.add_argument("--links", default=links, help="link classes to sweep (intra alone on one host)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
-    p.add_argument("--repeat", type=int, default=1, help="validate this many times (default 1)")
-    p.add_argument("--mesh", default="2x2", help="validate's mesh (default 2x2; 2 for a control with one rank per "
-                                                  "vCPU: one node with --links intra, or two nodes with --links inter)")
+    p.add_argument("--repeat", type=int, default=repeat, help=f"validate this many times (default {repeat})")
+
+
+def parse_common(p: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, Path, list[str], list[str]]:
+    """(arguments, output directory, the commcal command, the launcher) of a ranking benchmark."""
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
-    out = Path(args.out)
-    commcal = [sys.executable, "-m", "reports.cli"]
-    launch = shlex.split(args.launch)
+    return args, Path(args.out), [sys.executable, "-m", "reports.cli"], shlex.split(args.launch)
+
+
+def _bench(argv) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_arguments(p, "4 ranks on 2 nodes for mesh 2x2", "intra,inter", 1)
+    p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
+    p.add_argument("--after-gemm", type=int, default=384, metavar="N",
+                   help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
+    p.add_argument("--mesh", default="2x2", help="validate's mesh (default 2x2; 2 for a control with one rank per "
+                                                  "vCPU: one node with --links intra, or two nodes with --links inter)")
+    args, out, commcal, launch = parse_common(p, argv)
     cal = args.calibration
     if cal is None:
         cal = calibrate([*launch, *commcal, "sweep", *SWEEP, "--links", args.links, *shlex.split(args.sweep_args)],
@@ -117,12 +137,7 @@ def _bench(argv) -> int:
     for run in runs:
         _run([*launch, *commcal, "validate", cal, "--mesh", args.mesh, "--out", str(run), *layers,
               *shlex.split(args.validate_args)])
-    summaries = [json.loads((run / "summary.json").read_text()) for run in runs]
-    columns = {f"run {i + 1}": s["metrics"] for i, s in enumerate(summaries)}
-    tables = [pd.read_parquet(run / "strategies.parquet") for run in runs]
-    for a, b in permutations(range(len(runs)), 2):
-        repeat = ranking.repeat_frame(tables[a], tables[b])
-        columns[f"{a + 1} as {b + 1}"] = ranking.flat(ranking.frame_scores(repeat, 3, 1000, 0))
+    summaries, columns, _ = score_runs(runs)
     _print(columns)
     for i, s in enumerate(summaries):
         print(f"run {i + 1}, where the error comes from:\n" + attribution.describe(s["by_link"], s["step_ratios"]))

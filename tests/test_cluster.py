@@ -364,6 +364,31 @@ def test_inter_node_control_ranks_strategies_within_the_targets(cluster):
     assert not misses and not low_tau, f"{misses} {low_tau}\n{proc.stdout[-3000:]}"
 
 
+def test_pipeline_validation_ranks_training_mixes_as_well_as_a_second_run(cluster):
+    """2 nodes x 2 ranks: benchmarks.pipeline sweeps, fits and runs `validate --training` twice: pipeline stages on
+    ranks of both nodes exchanging activations and gradients in 1F1B and interleaved orders, tensor and data
+    parallelism and ZeRO 1, every (p, t, d) of 4 ranks, numerics checked against one process. The calibration ranks
+    each run's configurations end to end nearly as well as the other run does (Kendall tau within RANK_MARGIN)."""
+    out = cluster.work / "pipeline"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--launch",
+                           f"{CLUSTER} mpirun -n 4 --host node1:2,node2:2", "--out", str(out)],
+                          env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    print(f"pipeline bench: {time.monotonic() - t0:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    print("\n".join(line for line in proc.stdout.splitlines() if line.split(" ")[0] in (
+        "kendall_tau", "regret", "top1", "mean_accuracy")))
+    runs = [out / "validate", out / "validate-2"]
+    summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
+    validates = Validates([s["metrics"] for s in summaries], [pd.read_parquet(r / "strategies.parquet") for r in runs])
+    for s, table in zip(summaries, validates.tables):
+        assert s["hosts"] == 2 and s["world_size"] == 4
+        assert {(p, t, d) for p, t, d in zip(table["p"], table["t"], table["d"])} == {
+            (4, 1, 1), (2, 1, 2), (2, 2, 1), (1, 2, 2), (1, 4, 1), (1, 1, 4)}
+    lines = validates.against_repeat("kendall_tau", RANK_MARGIN)
+    assert not any(line.endswith("MISSED") for line in lines), "\n".join(lines) + "\n" + proc.stdout[-3000:]
+
+
 def test_sbatch_sweep_sh_after_gemm_fits_the_after_compute_models_in_the_chdir(cluster):
     """COMMCAL_AFTER_GEMM: a second sweep with a GEMM before each call, fitted as the after-compute models; the
     job is submitted with sbatch --chdir, so its output and results land there, not in the submit directory."""
