@@ -116,14 +116,13 @@ def config(args) -> Config:
         raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
                          "--rounds >= 1, --refine-rounds >= 0, --refine-margin >= 0, --top-k >= 1 and "
                          "--bootstrap >= 0")
-    if not args.layer and not args.model and not args.quick:
-        raise UsageError("give at least one --layer SPEC or --model SPEC (or --quick for the quick preset's layers)")
-    if args.training and args.layer:
-        raise UsageError("give --layer specs or --training MODEL, not both")
+    if args.training and (args.layer or args.model):
+        raise UsageError("give --layer or --model specs or --training MODEL, not both")
     if args.config and not args.training:
         raise UsageError("--config needs --training MODEL")
-    if not args.layer and not args.quick and not args.training:
-        raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers, or --training)")
+    if not args.layer and not args.model and not args.quick and not args.training:
+        raise UsageError("give at least one --layer SPEC or --model SPEC (or --quick for the quick preset's layers, or "
+                         "--training)")
     return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds, refine,
                   args.refine_margin, parse_selection(args.strategies))
 
