@@ -1,7 +1,7 @@
 """CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network under each of ParaDL's
 strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness hands MPI for halo
 exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced ones; benchmarks.paradl
-prints its table from a given calibration."""
+prints its table from a given calibration; bad network input is one line and exit 2."""
 
 import json
 import shlex
@@ -167,3 +167,14 @@ def test_bench_paradl_prints_the_table_from_a_calibration(tmp_path):
     mean = next(l for l in lines if l.startswith("mean "))
     assert "86.74%" in mean and "6 strategies measured" in mean
     assert next(l for l in lines if l.startswith("pipeline ") and "not run" in l).split()[-1] == "90.22%"
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--model", "vgg-small", "--mesh", "2", "--strategies", "data+filter"], "does not run on a 1-d mesh"),
+    (["--model", "cnn:image=6,convs=4-p", "--mesh", "2"], "cannot be pooled"),
+    (["--model", "vgg-small", "--mesh", "2", "--training", "transformer"], "not both")])
+def test_bad_network_input_is_one_line_and_exit_2(tmp_path, args, says):
+    proc = run_mpi(2, ["validate", calibration(tmp_path / "cal.json"), "--out", str(tmp_path / "v"), *args, *FAST])
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "v").exists()
