@@ -1,5 +1,5 @@
-"""CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network under each of ParaDL's
-strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness hands MPI for halo
+"""CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network
+under each of ParaDL's strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness hands MPI for halo
 exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced ones; benchmarks.paradl
 prints its table from a given calibration; bad network input is one line and exit 2."""
 
