@@ -24,7 +24,8 @@ from functools import partial
 
 from analysis import conv_kernels
 from analysis.halo import Halo
-from analysis.layers import OPTIMIZER_STATES, Compute, Elementwise, Layer, Schedule, Sigs, Strategy, _Infeasible, _per_axis
+from analysis.layers import (OPTIMIZER_STATES, Compute, Elementwise, Layer, Schedule, Sigs, Strategy, _Infeasible,
+                             _per_axis)
 from analysis.sbp import B, P, Split
 
 ACTIVATION = {"n": Split(0), "c": Split(1), "s": Split(2), "-": B}

@@ -1,9 +1,10 @@
 """Benchmark: ParaDL's table on this machine. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
 copy rates (--quick, every group and rank at once: --concurrent, ParaDL's contention), sweeps them again right after
-a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a calibration, validates the CNN presets whole under each of ParaDL's strategies (data,
-filter, channel, spatial on mesh 4; data+filter and data+spatial on mesh 2x2), and prints per strategy the predicted
-and measured step, accuracy 1 - |p - m| / m, and ParaDL's published accuracy beside it (Kahira et al., HPDC 2021).
-The pipeline is predicted only (`commcal search`): the harness runs no pipelines. On one host with 4 ranks:
+a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a
+calibration, validates the CNN presets whole under each of ParaDL's strategies (data, filter, channel, spatial on
+mesh 4; data+filter and data+spatial on mesh 2x2), and prints per strategy the predicted and measured step, accuracy
+1 - |p - m| / m, and ParaDL's published accuracy beside it (Kahira et al., HPDC 2021). The pipeline is predicted
+only (`commcal search`): the harness runs no pipelines. On one host with 4 ranks:
 
     python -m benchmarks.paradl --launch "mpirun -n 4 --oversubscribe --bind-to none" --out /tmp/paradl
 

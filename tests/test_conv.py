@@ -85,7 +85,8 @@ def test_spatial_blocks_with_halos_make_the_whole_convolution():
     for b in range(3):
         rows = slice(3 * b, 3 * b + 3)
         e = {"X": x[:, :, rows], "W": w, "dY": dy[:, :, rows],
-             "Xtop": x[:, :, 3 * b - h:3 * b] if b else zeros, "Xbot": x[:, :, 3 * b + 3:3 * b + 3 + h] if b < 2 else zeros}
+             "Xtop": x[:, :, 3 * b - h:3 * b] if b else zeros,
+             "Xbot": x[:, :, 3 * b + 3:3 * b + 3 + h] if b < 2 else zeros}
         _run(k, e)
         blocks.append(e)
     np.testing.assert_allclose(np.concatenate([e["Y"] for e in blocks], axis=2), whole["Y"], atol=1e-12)

@@ -1,7 +1,7 @@
-"""CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network
-under each of ParaDL's strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness hands MPI for halo
-exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced ones; benchmarks.paradl
-prints its table from a given calibration; bad network input is one line and exit 2."""
+"""CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network under
+each of ParaDL's strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness
+hands MPI for halo exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced
+ones; benchmarks.paradl prints its table from a given calibration; bad network input is one line and exit 2."""
 
 import json
 import shlex
@@ -128,8 +128,9 @@ SCRIPT = textwrap.dedent("""
                                                    (2, "2", "spatial")])
 def test_halo_and_gradient_bytes_are_paradls_volumes(tmp_path, ranks, mesh, strategies):
     """Data parallelism allreduces every weight gradient once (4 B per parameter); spatial parallelism exchanges, per
-    conv, two rows forward and two back (none back for the first layer), each a local batch x channels x width slab, and allreduces every gradient
-    (the dense head runs batch-parallel): what the harness hands MPI per rank is that, and what was priced."""
+    conv, two rows forward and two back (none back for the first layer), each a local batch x channels x width slab,
+    and allreduces every gradient (the dense head runs batch-parallel): what the harness hands MPI per rank is that,
+    and what was priced."""
     script = tmp_path / "bytes.py"
     script.write_text(SCRIPT)
     spec = "cnn:batch=4,image=8,channels=4,convs=8-p-8,dense=8"
@@ -144,7 +145,7 @@ def test_halo_and_gradient_bytes_are_paradls_volumes(tmp_path, ranks, mesh, stra
     halo = 4 * batch * (2 * 4 * 8 + 4 * 8 * 4)
     for sid, counts in got.items():
         assert counts["sent"] == {k: v for k, v in counts["priced"].items() if v}, sid
-        if "x" not in mesh:          # on a 2-d mesh the plan may reduce-scatter on one axis and allreduce half on the other
+        if "x" not in mesh:          # a 2-d mesh's plan may reduce-scatter on one axis and allreduce half on the other
             assert counts["sent"]["allreduce"] == 4 * params, sid
         assert counts["sent"].get("sendrecv", 0) == (halo if "spatial" in sid else 0), sid
 
