@@ -30,10 +30,10 @@ def job_mesh(world: MPI.Comm, text: str | None) -> tuple[Mesh, tuple[int, ...], 
 
 
 class Collectives:
-    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups, and bcast /
-    reduce from or to any member; allgather returns the members' buffers stacked in a leading axis,
-    reduce_scatter and alltoall take one. The sweep's backend moves the data (microbench.backends: host MPI,
-    CUDA-aware MPI or NCCL), so the harness runs each collective through the same library calls the calibration
+    """allreduce / allgather / reduce_scatter / alltoall of contiguous buffers on mesh-axis groups, bcast /
+    reduce from or to any member, and the halo exchange's shift; allgather returns the members' buffers stacked in a
+    leading axis, reduce_scatter and alltoall take one. The sweep's backend moves the data (microbench.backends: host
+    MPI, CUDA-aware MPI or NCCL), so the harness runs each collective through the same library calls the calibration
     measured; a rooted call runs on a copy of the axis's communicator renumbered so that its root is member 0,
     as the sweep measured it. `sent` counts the bytes of every buffer this rank handed to a collective."""
 
@@ -82,6 +82,19 @@ class Collectives:
 
     def alltoall(self, blocks, axis: int):
         return self._run("alltoall", blocks, self.xp.empty_like(blocks), axis)
+
+    def shift(self, buf, axis: int, direction: int):
+        """Every member of the axis's group sends `buf` to the member `direction` away and receives the buffer of
+        the member as far the other way (zeros where there is none): one Sendrecv each, the halo exchange of
+        analysis.halo. Host MPI or CUDA-aware MPI buffers only."""
+        comm = self.axes[axis]
+        to, frm = comm.rank + direction, comm.rank - direction
+        out = self.xp.zeros_like(buf)
+        self.sent += buf.nbytes
+        self.backend.sync()
+        comm.Sendrecv(buf, dest=to if 0 <= to < comm.size else MPI.PROC_NULL, sendtag=11, recvbuf=out,
+                      source=frm if 0 <= frm < comm.size else MPI.PROC_NULL, recvtag=11)
+        return out
 
     def isend(self, buf, axis: int, dest: int, tag: int):
         """Start sending a host buffer to member `dest` of this rank's group on `axis`; the request to wait on."""

@@ -11,6 +11,8 @@ from functools import partial
 import numpy as np
 
 from analysis import colossal, kernels
+from analysis.conv import BatchNorm2d, Conv2d
+from analysis.halo import Halo
 from analysis.layers import Compute, Embedding, Layer, Linear, Schedule
 from analysis.mesh import Mesh
 from analysis.redistribute import Step
@@ -66,7 +68,7 @@ def run_step(step: Step, buf, coll, coord: tuple[int, ...], xp=np, check_bytes: 
 class Item:
     """One timed unit: the schedule entry it executes and what it does to the environment of named buffers."""
 
-    entry: Step | Compute
+    entry: Step | Halo | Compute
     run: Callable[[dict], None]
 
     @property
@@ -124,6 +126,10 @@ class Runner:
         elif isinstance(layer, Linear):
             items = self._linear(sched)
             inputs["Wst"] = inputs["W"]
+        elif isinstance(layer, Conv2d):
+            items = self._phases(sched, ("", "dW"))
+        elif isinstance(layer, BatchNorm2d):
+            items = self._phases(sched, ("S", "G"))
         else:
             items = self._computes(sched.steps)
         for c in sched.steps:
@@ -190,6 +196,17 @@ class Runner:
             items += self.chain(phase[:first], "Wst", "W")
             items += self._computes(phase[first:last + 1])
             items += self.chain(phase[last + 1:], "dW", "dW")
+        return items
+
+    def _phases(self, sched, buffers: tuple[str, str]) -> list[Item]:
+        """A CNN layer's computations, halo exchanges (a convolution's, on X forward and dX backward) and
+        redistribution steps, each phase's steps on its buffer: a convolution's weight gradient (backward), a batch
+        norm's per-channel sums (both)."""
+        items = []
+        for phase, buf in zip((sched.forward, sched.backward), buffers):
+            items += [Item(e, partial(e.run, self.xp)) if isinstance(e, Compute) else
+                      Item(e, partial(e.run, coll=self.coll, xp=self.xp)) if isinstance(e, Halo) else
+                      self.step(e, buf, buf) for e in phase]
         return items
 
     def _embedding(self, layer: Embedding, sched, data) -> tuple[list[Item], object, np.ndarray]:

@@ -2,14 +2,17 @@
 
 Kinds: linear (m, k, n), mlp (batch, d_in, d_hidden, d_out), dense (batch, dims=25088-4096-1000: linears
 with an activation between), embedding (vocab, dim, tokens, density), transformer (d, heads, head_dim, seq,
-batch, layers, ffn, vocab: 0 for no embedding, density). A transformer block is QKV projection, per-head
+batch, layers, ffn, vocab: 0 for no embedding, density), cnn (batch, image, channels, kernel, convs, dense, bn: a chain of
+convolutions, each followed by a relu (bn=1: a batch norm before it), with "p" for a 2 x 2 max pooling, e.g. convs=16-16-p-32-32-p; then the
+flattened dense head, e.g. dense=64-16; analysis.conv). A transformer block is QKV projection, per-head
 attention, output projection, MLP (fc1, gelu, fc2); residuals and norms are elementwise and left out.
-Presets (overridable, e.g. "gpt-8.3b:layers=4"): see PRESETS."""
+A cnn's residual additions (ResNet) are elementwise and left out the same way. Presets (overridable, e.g. "gpt-8.3b:layers=4"): see PRESETS."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from analysis.conv import Activation2d, BatchNorm2d, Conv2d, Flatten, Pool2d
 from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from microbench.errors import UsageError
 from microbench.ops import itemsize as dtype_itemsize
@@ -27,6 +30,10 @@ PRESETS = {
     # GPT-3 (Brown et al. 2020) and the Megatron-LM 1T model (Narayanan et al. 2021), sequence 2048
     "gpt3-175b": ("transformer", {"d": 12288, "heads": 96, "layers": 96, "seq": 2048, "batch": 1536, "vocab": 51200}),
     "gpt-1t": ("transformer", {"d": 25600, "heads": 160, "layers": 128, "seq": 2048, "batch": 3072, "vocab": 51200}),
+    # ParaDL's CNNs (Kahira et al. 2021: ResNet-50 and VGG16) at a size a 4-rank harness step runs in well under a
+    # second: 32 x 32 images with 4 input channels (so channel parallelism splits the first layer too), batch 8
+    "vgg-small": ("cnn", {"convs": "16-16-p-32-32-p", "dense": "64-16"}),
+    "resnet-small": ("cnn", {"convs": "16-16-16-p-32-32-p", "dense": "16"}),
 }
 
 KINDS = {
@@ -36,7 +43,9 @@ KINDS = {
     "embedding": {"vocab": 51200, "dim": 1024, "tokens": 8192, "density": 0.05},
     "transformer": {"d": 1024, "heads": 16, "head_dim": 0, "seq": 1024, "batch": 8, "layers": 1, "ffn": 0,
                     "vocab": 0, "density": 0.05},
+    "cnn": {"batch": 8, "image": 32, "channels": 4, "kernel": 3, "convs": "16-16-p", "dense": "16", "bn": 0},
 }
+TEXT_PARAMS = ("dims", "convs", "dense")
 
 
 @dataclass(frozen=True)
@@ -72,16 +81,52 @@ def _transformer(p: dict, isz: int) -> list[Layer]:
     return out
 
 
+def _sizes(kind: str, key: str, text: str, allow: tuple[str, ...] = ()) -> list:
+    """'16-16-p' -> [16, 16, 'p']: positive sizes joined by '-' (and the words in `allow`)."""
+    try:
+        out = [t if t in allow else int(t) for t in text.split("-")]
+    except ValueError:
+        raise UsageError(f"{kind}: {key}={text!r} must be sizes joined by '-'") from None
+    if not out or any(isinstance(t, int) and t < 1 for t in out):
+        raise UsageError(f"{kind}: {key}={text!r} needs positive sizes")
+    return out
+
+
+def _cnn(p: dict, isz: int) -> list[Layer]:
+    """Convolutions (each with a relu) and poolings, flattened into the dense head (linears with a relu between)."""
+    n, c, side, k = p["batch"], p["channels"], p["image"], p["kernel"]
+    if k % 2 == 0:
+        raise UsageError(f"cnn: kernel={k} must be odd ('same' padding)")
+    out: list[Layer] = []
+    convs = pools = 0
+    for item in _sizes("cnn", "convs", p["convs"], ("p",)):
+        if item == "p":
+            if side % 2:
+                raise UsageError(f"cnn: a {side} x {side} image cannot be pooled 2 x 2 (convs={p['convs']})")
+            pools += 1
+            out.append(Pool2d(f"pool{pools}", isz, n, c, side, side))
+            side //= 2
+            continue
+        convs += 1
+        out.append(Conv2d(f"conv{convs}", isz, n, c, item, side, side, k))
+        if p["bn"]:
+            out.append(BatchNorm2d(f"bn{convs}", isz, n, item, side, side))
+        out.append(Activation2d(f"relu{convs}", isz, n, item, side, side))
+        c = item
+    out.append(Flatten("flatten", isz, n, c, side, side))
+    return out + _dense("", n, [c * side * side, *_sizes("cnn", "dense", p["dense"])], isz)
+
+
 def _params(kind: str, given: dict[str, str]) -> dict:
     out = dict(KINDS[kind])
     for key, text in given.items():
         if key not in out:
             raise UsageError(f"{kind} has no parameter {key!r}; it takes {', '.join(KINDS[kind])}")
         try:
-            out[key] = text if key == "dims" else (float(text) if key == "density" else int(text))
+            out[key] = text if key in TEXT_PARAMS else (float(text) if key == "density" else int(text))
         except ValueError:
             raise UsageError(f"{kind}: {key}={text!r} is not a number") from None
-        if key not in ("dims", "density", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
+        if key not in (*TEXT_PARAMS, "density", "bn", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
             raise UsageError(f"{kind}: {key} must be at least 1 (got {out[key]})")
     return out
 
@@ -117,13 +162,12 @@ def parse_model(spec: str, dtype: str = "float32") -> Model:
     elif kind == "mlp":
         layers = _dense("", p["batch"], [p["d_in"], p["d_hidden"], p["d_out"] or p["d_in"]], isz)
     elif kind == "dense":
-        try:
-            dims = [int(t) for t in p["dims"].split("-")]
-        except ValueError:
-            raise UsageError(f"dense: dims={p['dims']!r} must be sizes joined by '-'") from None
-        if len(dims) < 2 or min(dims) < 1:
+        dims = _sizes("dense", "dims", p["dims"])
+        if len(dims) < 2:
             raise UsageError("dense: dims needs at least two positive sizes")
         layers = _dense("", p["batch"], dims, isz)
+    elif kind == "cnn":
+        layers = _cnn(p, isz)
     elif kind == "embedding":
         if not 0 < p["density"] <= 1:
             raise UsageError(f"embedding: density must be in (0, 1] (got {p['density']})")

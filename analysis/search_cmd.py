@@ -1,7 +1,8 @@
 """`commcal search CAL --model SPEC --mesh 2x4 [--memory-cap 80G] [--top 5] [--json]`: the fastest strategy per
 layer (exact by dynamic programming over the chain; SBP, and for a linear layer on a grid-shaped mesh Colossal-AI's
 tensor-parallel ones, which are listed beside it), its predicted time split into compute and communication per
-collective and link class, the runners-up, and how far coordinate descent lands.
+collective and link class, the runners-up, and how far coordinate descent lands; for a CNN also ParaDL's network
+strategies (analysis.paradl) beside it.
 `commcal search CAL --model gpt3-175b --devices 1024 --gpus-per-node 8`: instead of a mesh, the whole space of
 training configurations (t, p, d, micro-batch, schedule, ZeRO, SP, recomputation, overlap) and the best few with
 their breakdown (analysis.training_view)."""
@@ -12,8 +13,10 @@ import argparse
 import json
 import time
 
+from analysis.conv import Conv2d
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
+from analysis.paradl import PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, network_table
 from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
                               nics_per_node, report_fallbacks)
 from analysis.pricing import Pricer
@@ -76,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     cd = coordinate_descent(tables, args.restarts, lam=lam, window=args.cd_window)
     out = summarize(tables, choice, pricer, args.top, cap)
     cd_total = chain_cost(tables, cd)
+    network = any(isinstance(layer, Conv2d) for layer in model.layers)
+    if network:
+        out["paradl"] = network_table(args.model, model, Tabulator(pricer), pricer.cal, args.dtype,
+                                      pricer.nics_per_node)
     out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
                coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0},
                fallbacks=fallbacks, axes=axis_links(pricer),
@@ -105,4 +112,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"exact search {out['search_s']:.2f} s; coordinate descent ({args.restarts} restarts, window "
           f"{args.cd_window}) "
           f"{fmt_s(cdr['total_s'])}, {100 * cdr['gap']:.2f}% above the optimum")
+    if network:
+        print("ParaDL's network strategies (every layer alike; pipeline: "
+              f"{PIPELINE_MICRO_BATCHES} micro-batches, {PIPELINE_SCHEDULE}):")
+        for row in out["paradl"]:
+            if row["total_s"] is None:
+                print(f"  {row['strategy']:<14} cannot run: {row['reason']}")
+                continue
+            extra = f"  stages {'+'.join(map(str, row['stages']))} layers" if "stages" in row else ""
+            print(f"  {row['strategy']:<14} {fmt_s(row['total_s']):>10}  comm {fmt_s(row['comm_s']):>10}  "
+                  f"{row['total_s'] / out['total_s']:.2f}x the searched optimum{extra}")
     return 0

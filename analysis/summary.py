@@ -13,8 +13,10 @@ from analysis.redistribute import plan
 from analysis.search import Tables, chain_cost, memory_of, node_costs, resolved, round_trip
 
 
-def chain_steps(t: Tables, choice) -> list[tuple[str, tuple]]:
-    """(where, steps) in execution order: forward through the chain, then backward from the last layer."""
+def chain_steps(t: Tables, choice, permute: bool = True) -> list[tuple[str, tuple]]:
+    """(where, steps) in execution order: forward through the chain, then backward from the last layer. `permute`:
+    activations may reach a layer in the permuted order its stored weight matches (search's plans); False: in
+    their canonical order, as the harness runs a whole network (analysis.harness_chain)."""
     mesh, opts = t.mesh, t.options
     sigs = [tp.sigs(o.layer, o.strategies[c]) for o, c in zip(opts, choice)]
     fwd, bwd = [], []
@@ -24,7 +26,7 @@ def chain_steps(t: Tables, choice) -> list[tuple[str, tuple]]:
         if i + 1 < len(opts):
             nxt = opts[i + 1]
             there, back = round_trip(shape, isz, g.y, sigs[i + 1].x, sigs[i + 1].dx, g.dy,
-                                     nxt.layer.PERMUTABLE_INPUT, mesh)
+                                     nxt.layer.PERMUTABLE_INPUT if permute else frozenset(), mesh)
             fwd.append((f"{name} -> {nxt.layer.name}", there.steps))
             grad_in = (f"{nxt.layer.name} -> {name} gradient", back.steps)
         else:

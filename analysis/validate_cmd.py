@@ -17,7 +17,7 @@ import argparse
 from dataclasses import dataclass
 
 from analysis.layers import Layer
-from analysis.models import parse_model
+from analysis.models import Model, parse_model
 from analysis.options import add_dtype_argument, add_nics_argument, add_strict_argument
 from analysis.strategies import Selection, parse_selection
 from microbench.errors import UsageError
@@ -39,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", action="append", default=[], metavar="SPEC",
                    help="layer or model spec (repeatable), e.g. linear:m=1024,k=1024,n=1024, mlp, "
                         "transformer:d=256,heads=4,seq=64,batch=4, embedding:vocab=4096,dim=256,tokens=1024")
+    p.add_argument("--model", action="append", default=[], metavar="SPEC",
+                   help="a network (repeatable), e.g. vgg-small or resnet-small, run whole under each of ParaDL's "
+                        "strategies that apply on the mesh (data, filter, channel, spatial on a 1-d mesh; data, "
+                        "filter, channel, data+filter, data+spatial on a 2-d one): one row per strategy, the network "
+                        "forward and backward end to end")
     p.add_argument("--training", default=None, metavar="MODEL",
                    help="validate training configurations of this transformer instead of layers, e.g. "
                         "transformer:d=64,heads=4,layers=8,seq=32,batch=16 (no vocabulary: the blocks only)")
@@ -80,7 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the strategies run: families (sbp: the SBP strategies; cai: Colossal-AI's tensor-parallel "
                         "linear layers cai-1d-col, cai-1d-row, cai-2d, cai-2.5d, cai-3d where the mesh is their grid; "
                         "cai-sbp: each one's SBP equivalent between the same placements, id SBP@cai-KIND) and "
-                        "strategy ids, comma-separated, e.g. cai,cai-sbp or cai-2d,m.n/ws (default: sbp)")
+                        "strategy ids, comma-separated, e.g. cai,cai-sbp or cai-2d,m.n/ws (default: sbp); for --model, "
+                        "ParaDL's network strategies by name, e.g. data,filter (default: every one that applies on the "
+                        "mesh)")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"({PRESETS.say('max_strategies')})")
@@ -109,12 +116,13 @@ def config(args) -> Config:
         raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
                          "--rounds >= 1, --refine-rounds >= 0, --refine-margin >= 0, --top-k >= 1 and "
                          "--bootstrap >= 0")
-    if args.training and args.layer:
-        raise UsageError("give --layer specs or --training MODEL, not both")
+    if args.training and (args.layer or args.model):
+        raise UsageError("give --layer or --model specs or --training MODEL, not both")
     if args.config and not args.training:
         raise UsageError("--config needs --training MODEL")
-    if not args.layer and not args.quick and not args.training:
-        raise UsageError("give at least one --layer SPEC (or --quick for the quick preset's layers, or --training)")
+    if not args.layer and not args.model and not args.quick and not args.training:
+        raise UsageError("give at least one --layer SPEC or --model SPEC (or --quick for the quick preset's layers, or "
+                         "--training)")
     return Config(StopRule(target_ci=target, min_samples=mins, budget_s=budget), most, rounds, refine,
                   args.refine_margin, parse_selection(args.strategies))
 
@@ -131,11 +139,17 @@ def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
     return out
 
 
-def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer]], object]:
-    """(config, named layers, calibration) from the arguments: the checks every rank makes before MPI."""
+def named_networks(specs, dtype: str) -> list[tuple[str, Model]]:
+    """(spec, model) of every --model."""
+    return [(spec, parse_model(spec, dtype)) for spec in specs]
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer | Model]], object]:
+    """(config, named layers and networks, calibration) from the arguments: the checks every rank makes before MPI."""
     from calib.calibration import load_calibration
 
-    return config(args), named_layers(args.layer or QUICK_LAYERS, args.dtype), load_calibration(args.calibration)
+    layers = named_layers(args.layer or ([] if args.model else QUICK_LAYERS), args.dtype)
+    return config(args), layers + named_networks(args.model, args.dtype), load_calibration(args.calibration)
 
 
 def prepare_training(args: argparse.Namespace):

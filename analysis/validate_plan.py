@@ -11,10 +11,13 @@ import numpy as np
 from dataclasses import replace
 
 from analysis.layers import Compute, Schedule
+from analysis.models import Model
+from analysis.paradl import STRATEGIES, applicable, network_options
 from analysis.options import nics_per_node
 from analysis.pricing import Pricer
 from analysis.schedules import Schedule as PipelineSchedule
 from analysis.search import Tabulator
+from analysis.redistribute import COLLECTIVES
 from analysis.training import Config, divisors
 from microbench.errors import UsageError
 
@@ -26,15 +29,31 @@ def check_feasible(name: str, opts, mesh_text: str) -> None:
                              f"{sched.reason}")
 
 
-def check_links(name: str, schedules: list[Schedule], pricer) -> None:
-    """Every collective must have a model on some link class: a validation cannot score an infinite prediction."""
-    for sched in schedules:
-        for st in sched.steps:
+def check_links(name: str, runs: list[tuple[str, list]], pricer) -> None:
+    """Every collective must have a model on some link class: a validation cannot score an infinite prediction.
+    `runs`: (strategy id, its steps)."""
+    for sid, steps in runs:
+        for st in steps:
             if not isinstance(st, Compute) and st.is_comm and pricer.link(st.op, st.axis) is None:
                 link = pricer.mesh.axes[st.axis].link
                 raise UsageError(f"calibration {pricer.cal.path} has no {st.op} model on any link class (mesh axis "
-                                 f"{st.axis} wants '{link}', {st.group_size} ranks), needed by layer {name} strategy "
-                                 f"{sched.strategy.id}; sweep with --links {link}")
+                                 f"{st.axis} wants '{link}', {st.group_size} ranks), needed by {name} strategy "
+                                 f"{sid}; sweep with --links {link}" + ("" if st.op in COLLECTIVES else
+                                                                         f" --ops ...,{st.op}"))
+
+
+def _network_strategies(selection, mesh) -> list[str]:
+    """The ParaDL strategies --strategies names (each must apply on the mesh), or where it names none, every one
+    that applies there."""
+    here = applicable(mesh)
+    names = [name for name in STRATEGIES if name in selection.names]
+    if not names:
+        return here
+    for name in names:
+        if name not in here:
+            raise UsageError(f"network strategy {name} does not run on a {len(mesh.shape)}-d mesh; there: "
+                             f"{', '.join(here)}")
+    return names
 
 
 def choose(total_s: np.ndarray, most: int, seed: int) -> list[tuple[int, str]]:
@@ -67,12 +86,16 @@ def plan(args, cfg, layers: list, cal, mesh):
     tab = Tabulator(pricer, cfg.selection)
     work = []
     for name, layer in layers:
-        opts = tab.options(layer, True)
-        if not opts.strategies:
-            raise UsageError(f"layer {name} has none of the strategies --strategies {cfg.selection} picks on mesh "
-                             f"{'x'.join(map(str, mesh.shape))}")
-        check_feasible(name, opts, "x".join(map(str, mesh.shape)))
-        check_links(name, opts.schedules, pricer)
+        if isinstance(layer, Model):
+            opts = network_options(layer, _network_strategies(cfg.selection, mesh), Tabulator(pricer))
+            check_links(f"network {name}", [(s.id, opts.steps(i)) for i, s in enumerate(opts.strategies)], pricer)
+        else:
+            opts = tab.options(layer, True)
+            if not opts.strategies:
+                raise UsageError(f"layer {name} has none of the strategies --strategies {cfg.selection} picks on mesh "
+                                 f"{'x'.join(map(str, mesh.shape))}")
+            check_feasible(name, opts, "x".join(map(str, mesh.shape)))
+            check_links(f"layer {name}", [(sc.strategy.id, sc.steps) for sc in opts.schedules], pricer)
         work.append((name, layer, opts, choose(opts.time_s, cfg.max_strategies, args.seed)))
     if cal.backend != args.backend:
         raise UsageError(f"calibration {args.calibration} was measured with backend {cal.backend!r}; "

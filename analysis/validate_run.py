@@ -14,7 +14,9 @@ from analysis import attribution, ranking
 from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
+from analysis.harness_chain import network_data, network_program
 from analysis.layers import Compute
+from analysis.models import Model
 from analysis.options import report_fallbacks
 from analysis.pricing import after_compute
 from analysis.validate_plan import contenders, plan
@@ -57,12 +59,14 @@ def main(args, cfg, layers, cal) -> int:
     try:
         visit_rule = cfg.rule.visit(cfg.rounds)
         for li, (name, layer, opts, chosen) in enumerate(work):
-            data = layer_data(layer, args.seed + li, args.dtype)
+            network = isinstance(layer, Model)
+            data = network_data(layer, args.seed + li) if network else layer_data(layer, args.seed + li, args.dtype)
             benches = []
             for i, why in chosen:
-                sched = opts.schedules[i]
-                bench = Bench(runner, runner.program(layer, sched, data, args.dtype))
-                bench.check(args.dtype, f"layer {name} strategy {sched.strategy.id}")
+                prog = (network_program(runner, opts, i, data, args.dtype) if network
+                        else runner.program(layer, opts.schedules[i], data, args.dtype))
+                bench = Bench(runner, prog)
+                bench.check(args.dtype, f"{'network' if network else 'layer'} {name} strategy {opts.strategies[i].id}")
                 benches.append((i, why, bench))
             for _ in range(cfg.rounds):             # passes over the strategies, so that drift hits them alike
                 for _, _, bench in benches:
@@ -74,7 +78,7 @@ def main(args, cfg, layers, cal) -> int:
                 timed = replace(timed, cpu_steal=float(steal) if steal >= 0 else None)   # the most stolen host
                 rows.append(_row(name, layer, opts, i, why, bench.prog, timed)
                             | {"refined": i in refined, "sent_bytes": bench.sent_bytes})
-                steps += _step_rows(name, opts.schedules[i].strategy.id, bench.prog, timed, pricer)
+                steps += _step_rows(name, opts.strategies[i].id, bench.prog, timed, pricer)
             say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
                 + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
     except NumericsError as exc:

@@ -78,6 +78,19 @@ def main(argv=None) -> int:
     return guarded(_bench, argv, "bench_validate")
 
 
+def calibrate(sweep: list[str], after_gemm: int, out: Path) -> str:
+    """OUT/calibration.json fitted from the `sweep` command's run, plus (after_gemm > 0) a second run with an
+    after_gemm x after_gemm GEMM before each call for the after-compute models; returns its path."""
+    cal = str(out / "calibration.json")
+    _run([*sweep, "--out", str(out / "sweep")])
+    after = []
+    if after_gemm:
+        _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(after_gemm)])
+        after = ["--after-compute", str(out / "sweep-after")]
+    _run([sys.executable, "-m", "reports.cli", "fit", str(out / "sweep"), *after, "--out", cal])
+    return cal
+
+
 def guarded(bench, argv, name: str) -> int:
     """bench(argv), a failed step ending it with one line naming that command and its exit code (2 stays 2)."""
     try:
@@ -117,14 +130,8 @@ def _bench(argv) -> int:
     args, out, commcal, launch = parse_common(p, argv)
     cal = args.calibration
     if cal is None:
-        cal = str(out / "calibration.json")
-        sweep = [*launch, *commcal, "sweep", *SWEEP, "--links", args.links, *shlex.split(args.sweep_args)]
-        _run([*sweep, "--out", str(out / "sweep")])
-        after = []
-        if args.after_gemm:
-            _run([*sweep, "--out", str(out / "sweep-after"), "--after-gemm", str(args.after_gemm)])
-            after = ["--after-compute", str(out / "sweep-after")]
-        _run([*commcal, "fit", str(out / "sweep"), *after, "--out", cal])
+        cal = calibrate([*launch, *commcal, "sweep", *SWEEP, "--links", args.links, *shlex.split(args.sweep_args)],
+                        args.after_gemm, out)
     layers = [a for spec in LAYERS for a in ("--layer", spec)]
     runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
     for run in runs:

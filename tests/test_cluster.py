@@ -173,7 +173,7 @@ def test_sweep_sh_fails_loudly_when_world_is_not_the_task_count(cluster):
 
 
 SWEEP_ENV = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter",
-             "COMMCAL_OPS": "pingpong,allreduce,allgather,reduce_scatter,alltoall,gemm",
+             "COMMCAL_OPS": "pingpong,sendrecv,allreduce,allgather,reduce_scatter,alltoall,gemm",
              # large pingpong sizes so that the inter-node beta is fitted where the tbf rate dominates
              "COMMCAL_SIZES": "8,512,4K,32K,256K,512K,1M,2M,3M,4M",
              # a point whose CI misses the target (a stalled vCPU, a TCP retransmission) is measured again later
@@ -456,6 +456,33 @@ def test_plain_mpirun_sweep_across_the_nodes(cluster):
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["hosts"] == list(NODES) and res["wrong"] == 0
     assert res["best_bandwidth_Bps"] < 1.05 * EXPECTED_BPS, res  # the tbf rate is a ceiling
+
+
+def test_conv_validate_runs_paradls_strategies_across_the_nodes(cluster, resumed_sweep):
+    """vgg-small whole under ParaDL's 2-d strategies on mesh 2x2 (axis 0 across the nodes, axis 1 within one), with
+    the sbatch sweep's calibration (sendrecv prices the halo exchange): every strategy matches one process, the data
+    axis's gradient allreduces cross the rate-limited link and data+spatial's halos stay within a node; the ParaDL
+    table of predicted against measured is printed."""
+    out = cluster.work / "conv"
+    commcal = str(VENV_BIN / "commcal")
+    t0 = time.monotonic()
+    proc = cluster.run("mpirun", "-n", "4", "--host", "node1:2,node2:2", commcal, "validate",
+                       str(resumed_sweep.calibration), "--model", "vgg-small", "--mesh", "2x2", "--quick",
+                       "--out", str(out), timeout=600, check=False)
+    print(f"conv validate: {time.monotonic() - t0:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    frame = pd.read_parquet(out / "strategies.parquet")
+    assert list(frame["strategy"]) == ["data", "filter", "channel", "data+filter", "data+spatial"]
+    assert (frame["max_rel_err"] <= 1e-4).all() and (frame["measured_s"] > 0).all()
+    assert sorted(set(json.loads((out / "run.json").read_text())["hosts"])) == list(NODES)
+    steps = pd.read_parquet(out / "steps.parquet")
+    data_axis = steps[(steps["strategy"] == "data") & (steps["op"] == "allreduce") & (steps["axis"] == 0)]
+    assert len(data_axis) and set(data_axis["link"]) == {"inter"}
+    halos = steps[(steps["strategy"] == "data+spatial") & (steps["op"] == "sendrecv")]
+    assert len(halos) and set(halos["link"]) == {"intra"} and set(halos["axis"]) == {1}
+    for r in frame.itertuples():
+        print(f"{r.strategy:<14} predicted {r.predicted_s * 1e3:8.3f} ms  measured {r.measured_s * 1e3:8.3f} ms  "
+              f"accuracy {100 * r.accuracy:6.2f}%")
 
 
 AFFINITY = ("import json, os, socket; from mpi4py import MPI; "
