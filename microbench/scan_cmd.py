@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 from microbench import plan
+from microbench.atomic import atomic_write_text
 from microbench.errors import UsageError
 from microbench.flags import Presets, add_quick_argument, add_stop_arguments
 from microbench.scanfile import ScanConfig
 from microbench.schedule import round_count
 from microbench.sizes import format_size, parse_size, parse_sizes
 from microbench.stats import StopRule
+from microbench.switches import infer_levels
 
 PRESETS = Presets(defaults=dict(sizes="8,4M", target_ci=0.02, min_samples=10, point_budget=0.5, rounds=1),
                   quick=dict(target_ci=0.05, point_budget=0.2))
@@ -149,6 +151,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"commcal scan: flagged nodes: "
           + (", ".join(f"{n} ({', '.join(m)})" for n, m in flagged.items()) or "none")
           + f"; results in {out}", flush=True)
+    inferred = infer_levels(found.pair_values(found.bandwidth_size, "rate"), found.nodes)
+    if inferred.why:
+        print(f"commcal scan: no switch levels inferred: {inferred.why}", flush=True)
+    else:
+        atomic_write_text(out / "topology.conf", inferred.conf())
+        print(f"commcal scan: inferred {len(inferred.topology.levels)} switch levels (leaf groups: "
+              f"{' | '.join(','.join(g) for g in inferred.topology.levels[0])}); for the sweep: "
+              f"--topology {out / 'topology.conf'}", flush=True)
     wrong = sum(r.wrong for r in rows)
     if wrong:
         print(f"commcal: error: {wrong} wrong result elements in the scan", file=sys.stderr, flush=True)

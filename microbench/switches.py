@@ -205,3 +205,64 @@ def discover(path: str | None) -> Topology:
         return tree(parse_switches(out.stdout, "scontrol show topology"), "slurm")
     except UsageError:
         return Topology()
+
+
+LEVEL_GAP = 1.3
+"""Inferring levels from a scan: node pairs whose bandwidths differ by more than this factor (and nothing in between)
+cross different switch levels. A scan's pairs repeat within a few percent; a switch level above another is slower by
+its oversubscription, commonly 2x or more."""
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """Levels inferred from a scan's pair bandwidths, or why none were (`why`: empty when the tree was inferred)."""
+
+    topology: Topology
+    why: str = ""
+
+    def conf(self) -> str:
+        """The tree as topology.conf lines (what `sweep --topology FILE` reads); empty when flat."""
+        lines, names = [], {}
+        for k, level in enumerate(self.topology.levels, 1):
+            for i, group in enumerate(level):
+                names[(k, group)] = f"s{k}-{i}"
+                below = sorted({names[(k - 1, g)] for g in self.topology.levels[k - 2] if set(g) <= set(group)}) \
+                    if k > 1 else []
+                what = f"Switches={','.join(below)}" if below else f"Nodes={','.join(group)}"
+                lines.append(f"SwitchName={names[(k, group)]} {what}")
+        return "\n".join(lines) + ("\n" if lines else "")
+
+
+def infer_levels(bandwidth: dict[tuple[str, str], float], nodes: list[str]) -> Inferred:
+    """Switch levels from every node pair's bandwidth: the pairs fall into tiers (sorted by bandwidth, a new tier
+    where the next is slower by more than LEVEL_GAP); level k groups the nodes joined by pairs of the k fastest tiers.
+    A node left alone at a level while others share a switch is a slow node, not a level: nothing is inferred then
+    (the scan's verdicts name it)."""
+    rates = sorted((r for r in bandwidth.values() if r > 0), reverse=True)
+    if len(nodes) < 3 or len(bandwidth) < len(nodes) * (len(nodes) - 1) // 2 or len(rates) < len(bandwidth):
+        return Inferred(Topology(), "too few nodes or pairs measured to infer levels")
+    floors = [a for a, b in zip(rates, rates[1:]) if a / b > LEVEL_GAP] + [rates[-1]]  # each tier's slowest rate
+    levels = []
+    for floor in floors:
+        parent = {n: n for n in nodes}
+
+        def root(n: str) -> str:
+            while parent[n] != n:
+                n = parent[n]
+            return n
+
+        for (a, b), r in bandwidth.items():
+            if r >= floor:
+                parent[root(a)] = root(b)
+        groups: dict[str, list[str]] = {}
+        for n in nodes:
+            groups.setdefault(root(n), []).append(n)
+        level = tuple(tuple(g) for g in groups.values())
+        if len(level) > 1 and any(len(g) == 1 for g in level):
+            alone = next(g[0] for g in level if len(g) == 1)
+            return Inferred(Topology(), f"node {alone} is slower to every other node than they are to each other: "
+                                        f"a slow node, not a switch level")
+        levels.append(level)
+    if len(levels) == 1:
+        return Inferred(Topology(), "every pair is within one tier: one switch level (flat)")
+    return Inferred(Topology("scan", tuple(levels)))

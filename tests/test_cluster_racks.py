@@ -116,3 +116,15 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
     print(f"m.m.m on 2x2x2: {priced}; allgather 64K: inter {seconds['inter'] * 1e3:.2f} ms, inter2 "
           f"{seconds['inter2'] * 1e3:.2f} ms")
     assert seconds["inter2"] > 1.3 * seconds["inter"], seconds
+
+
+def test_a_scan_of_the_racks_infers_them_as_switch_levels(racks):
+    """`commcal scan` across the 4 nodes (one rank each): pairs within a rack run at the rack rate, pairs across at
+    the router's, so the scan writes the racks' tree as a topology.conf the sweep reads."""
+    out = racks.work / "scan"
+    proc = racks.run("mpirun", "-n", "4", "--map-by", "node", str(VENV_BIN / "commcal"), "scan", "--out", str(out),
+                     "--quick", "--expect-world", "4", timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print([line for line in proc.stdout.splitlines() if "switch levels" in line])
+    conf = (out / "topology.conf").read_text()
+    assert tree(parse_switches(conf, "scan"), "scan").levels == RACKS, proc.stdout[-2000:]

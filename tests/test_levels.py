@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from analysis.mesh import Mesh
@@ -18,7 +20,7 @@ from calib.synthetic import synthetic_calibration, write_synthetic_run
 from conftest import run_cli
 from microbench.errors import UsageError
 from microbench.links import fallback, level_link, link_level, links_for
-from microbench.switches import Topology, expand_hostlist, parse_switches, read_topology, tree
+from microbench.switches import Topology, expand_hostlist, infer_levels, parse_switches, read_topology, tree
 from microbench.topology import group_for, parse_links, tiles
 
 CONF = """# topology.conf: two racks of two nodes under a spine
@@ -203,3 +205,32 @@ def test_fit_records_the_levels_of_the_runs(tmp_path):
     (other / "run.json").write_text(json.dumps(meta | {"topology": flipped}))
     with pytest.raises(UsageError, match="different switch trees"):
         load_runs([str(run), str(other)])
+
+
+def _pairs(nodes, rate):
+    return {(a, b): rate(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]}
+
+
+@pytest.mark.parametrize("racks", [(2, 2), (3, 3, 2), (4, 4, 4, 4)])
+def test_a_scan_of_racks_infers_their_levels_and_writes_a_tree_the_sweep_reads(tmp_path, racks):
+    """Pairs within a rack at 47.8 MB/s, across at 24 (each within 3% noise): two levels, the racks the leaves; the
+    topology.conf written reads back as the same tree."""
+    rack = {f"n{i}": r for r, size in enumerate(racks) for i in range(sum(racks[:r]), sum(racks[:r]) + size)}
+    nodes = list(rack)
+    noise = iter(np.random.default_rng(1).uniform(0.97, 1.03, 10_000))
+    found = infer_levels(_pairs(nodes, lambda a, b: (47.8 if rack[a] == rack[b] else 24.0) * next(noise)), nodes)
+    assert found.why == ""
+    assert [sorted(map(sorted, lvl)) for lvl in found.topology.levels] == \
+        [sorted(sorted(n for n in nodes if rack[n] == r) for r in set(rack.values())), [sorted(nodes)]]
+    (tmp_path / "topology.conf").write_text(found.conf())
+    assert read_topology(str(tmp_path / "topology.conf")).levels == found.topology.levels
+
+
+@pytest.mark.parametrize("rate,why", [
+    (lambda a, b: 26.0 if "n3" in (a, b) else 47.8, "node n3 is slower"),        # one slow node, not a rack
+    (lambda a, b: 47.8, "one switch level"),                                   # flat
+])
+def test_a_slow_node_or_a_flat_network_infers_no_levels(rate, why):
+    nodes = [f"n{i}" for i in range(1, 6)]
+    found = infer_levels(_pairs(nodes, rate), nodes)
+    assert why in found.why and found.topology.levels == () and found.conf() == ""
