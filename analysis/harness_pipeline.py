@@ -2,12 +2,14 @@
 micro-batch's activations received from the previous stage and its gradients from the next by point-to-point
 messages in the order analysis.schedules gives the device (GPipe, 1F1B, interleaved), then the gradients reduced
 over the data-parallel replicas (all-reduce, or ZeRO 1's reduce-scatter), the Adam update of what the device owns and
-ZeRO 1's parameter all-gather. The layers are generic: a stack is anything with `layers` (their count), `width`
-(activation columns), `batch` and `seq` (activation rows: batch x seq), `data(seed)` ({"weights": a dict of arrays
+ZeRO 1's parameter all-gather. The layers are generic: a stack is anything with `layers` (their count), `batch`
+and `seq` (activation rows: batch x seq), `shape(i, rows)` (the activation entering layer i, or leaving the last for
+i = layers, for `rows` rows: stages may pass tensors of different shapes), `data(seed)` ({"weights": a dict of arrays
 per layer, "X": input, "R": output gradient}), `shard(i, arrays, t, index)` (tensor-parallel member `index` of t's
 share of layer i's weights or gradients) and `layer(i, params, allreduce, xp)`: an object whose `forward(x)` returns
 (y, ctx) and `backward(ctx, dy)` (dx, weight gradients by name), `allreduce` summing a partial result over the
-tensor-parallel group. TransformerStack is the one `commcal validate --training` runs. A single float64 process of
+tensor-parallel group. TransformerStack is the one `commcal validate --training` runs; analysis.harness_cnn's
+CnnStack (ParaDL's pipeline) the one `validate --model ... --strategies pipeline` runs. A single float64 process of
 the same layers is the reference. Array module `xp` is a parameter; nothing here imports MPI."""
 
 from __future__ import annotations
@@ -113,10 +115,9 @@ class TransformerStack:
     def of(cls, model) -> "TransformerStack":
         return cls(model.layers, model.hidden, model.heads, model.ffn, model.seq, model.batch)
 
-    @property
-    def width(self) -> int:
-        """Columns of the activations between layers (rows: tokens)."""
-        return self.hidden
+    def shape(self, i: int, rows: int) -> tuple[int, int]:
+        """Every activation between blocks: tokens x hidden."""
+        return (rows, self.hidden)
 
     def data(self, seed: int) -> dict:
         """Seeded float64 weights of every layer, the global input X and the output gradient R (tokens x hidden)."""
@@ -230,17 +231,23 @@ class TrainStep:
     gradient all-reduce starts (non-blocking) right after the layer's last backward pass, and the pipeline phase ends
     by waiting for them: host MPI advances them only inside MPI calls, so how much they hide is what is measured.
     Pipeline messages go as Megatron-LM sends them: each tensor-parallel rank sends its 1/t of the activation and the
-    receiving stage all-gathers it over the tensor-parallel group."""
+    receiving stage all-gathers it over the tensor-parallel group. `cut`: the layer counts of the p v (virtual)
+    stages in order (default: equal)."""
 
-    def __init__(self, stack, data: dict, cfg: Config, place: Place, coll, xp=np, dtype="float32", clock=None):
+    def __init__(self, stack, data: dict, cfg: Config, place: Place, coll, xp=np, dtype="float32", clock=None,
+                 cut: tuple[int, ...] | None = None):
         if unsupported(cfg):
             raise ValueError(f"{cfg}: {unsupported(cfg)}")
         self.cfg, self.place, self.coll, self.xp, self.stack = cfg, place, coll, xp, stack
         self.dtype = np.dtype(dtype)
         self.clock = clock or Clock()
         p, v, t = cfg.p, cfg.schedule.v, cfg.t
-        per = stack.layers // (p * v)
-        self.chunks = [[(c * p + place.stage) * per + j for j in range(per)] for c in range(v)]
+        cut = cut or (stack.layers // (p * v),) * (p * v)
+        if len(cut) != p * v or sum(cut) != stack.layers:
+            raise ValueError(f"{cut}: not the layer counts of {p * v} stages of {stack.layers} layers")
+        self.starts = [0, *np.cumsum(cut).tolist()]
+        self.chunks = [list(range(self.starts[c * p + place.stage], self.starts[c * p + place.stage + 1]))
+                       for c in range(v)]
         self.indices = [i for chunk in self.chunks for i in chunk]
         shards = [stack.shard(i, data["weights"][i], t, place.member) for i in self.indices]
         self.flat = Flat(shards, cfg.d, xp, self.dtype)
@@ -253,7 +260,7 @@ class TrainStep:
         cut = lambda a: [xp.asarray(a[base + k * micro:base + (k + 1) * micro], dtype=self.dtype)  # noqa: E731
                          for k in range(place.micro_batches)]
         self.inputs, self.out_grads = cut(data["X"]), cut(data["R"])
-        self.micro_shape = (micro, stack.width)
+        self.micro = micro
         own = len(self.flat.params) // (cfg.d if cfg.zero else 1)
         self.owned = slice(place.replica * own, (place.replica + 1) * own) if cfg.zero else slice(None)
         self.adam = Adam(own, xp, self.dtype)
@@ -277,10 +284,11 @@ class TrainStep:
         t, member = cfg.t, self.place.member
 
         def recv(kind, micro, stage):
-            buf = xp.empty(math.prod(self.micro_shape) // t, dtype=self.dtype)
+            shape = self.stack.shape(self.starts[stage + (kind == "F")], self.micro)   # the boundary it crosses
+            buf = xp.empty(math.prod(shape) // t, dtype=self.dtype)
             with self.clock("p2p"):
                 self.coll.recv(buf, AXES["pp"], stage % p, tag(kind, micro, stage))
-                return (self.coll.allgather(buf, AXES["tp"]) if t > 1 else buf).reshape(self.micro_shape)
+                return (self.coll.allgather(buf, AXES["tp"]) if t > 1 else buf).reshape(shape)
 
         def send(buf, kind, micro, stage, to):
             part = xp.ascontiguousarray(buf).reshape(t, -1)[member]
