@@ -10,8 +10,8 @@ layer kind (ROLES), so a strategy is an assignment of the layers' SBP strategies
   spatial       H split with halo exchanges (analysis.halo); the dense head goes batch-parallel (an all-to-all).
   data+filter   on a 2-d mesh, data across axis 0 and filter along axis 1; data+spatial likewise.
   pipeline      the layers cut into p contiguous stages of equal time, m micro-batches through them under a schedule
-                of analysis.schedules (bubble and point-to-point messages as training.py prices them): priced only;
-                the harness does not run pipelines.
+                of analysis.schedules (bubble and point-to-point messages as training.py prices them); validate runs
+                it on analysis.harness_pipeline's executor (analysis.validate_pipeline).
 
 Pure strategies name the same role on every axis; spatial runs on one axis only (the halo's), so on a 1-d mesh."""
 
@@ -171,6 +171,7 @@ def _bytes(layer: Layer) -> int:
     return int(np.prod(layer.out_shape)) * layer.itemsize
 
 
+PIPELINE = "pipeline"
 PIPELINE_MICRO_BATCHES = 4
 PIPELINE_SCHEDULE = Schedule("gpipe")
 """The pipeline that network_table prices: GPipe (ParaDL's pipeline model) with 4 micro-batches."""
@@ -192,9 +193,9 @@ def network_table(spec: str, model: Model, tab: Tabulator, calibration, dtype: s
     try:
         pipe = pipeline(spec, calibration, tab.pricer.mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, dtype,
                         nics_per_node)
-        rows.append({"strategy": "pipeline", "total_s": pipe.total_s, "comm_s": pipe.messages_s,
+        rows.append({"strategy": PIPELINE, "total_s": pipe.total_s, "comm_s": pipe.messages_s,
                      "compute_s": pipe.total_s - pipe.messages_s, "stages": list(pipe.stages),
                      "micro_batches": pipe.micro_batches, "schedule": str(PIPELINE_SCHEDULE)})
     except UsageError as exc:
-        rows.append({"strategy": "pipeline", "total_s": None, "reason": str(exc)})
+        rows.append({"strategy": PIPELINE, "total_s": None, "reason": str(exc)})
     return rows

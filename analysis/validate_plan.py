@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from analysis.layers import Compute, Schedule
 from analysis.models import Model
-from analysis.paradl import STRATEGIES, applicable, network_options
+from analysis.paradl import PIPELINE, STRATEGIES, applicable, network_options
 from analysis.options import nics_per_node
 from analysis.pricing import Pricer
 from analysis.schedules import Schedule as PipelineSchedule
@@ -44,11 +44,11 @@ def check_links(name: str, runs: list[tuple[str, list]], pricer) -> None:
 
 def _network_strategies(selection, mesh) -> list[str]:
     """The ParaDL strategies --strategies names (each must apply on the mesh), or where it names none, every one
-    that applies there."""
+    that applies there (none where it names the pipeline alone, which analysis.validate_pipeline runs)."""
     here = applicable(mesh)
     names = [name for name in STRATEGIES if name in selection.names]
     if not names:
-        return here
+        return [] if PIPELINE in selection.names else here
     for name in names:
         if name not in here:
             raise UsageError(f"network strategy {name} does not run on a {len(mesh.shape)}-d mesh; there: "

@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 from mpi4py import MPI
 
-from analysis import attribution, ranking
+from analysis import attribution, ranking, validate_pipeline
 from analysis.harness import Bench, NumericsError, layer_data
 from analysis.harness_comm import Collectives, job_mesh
 from analysis.harness_exec import Runner
 from analysis.harness_chain import network_data, network_program
 from analysis.layers import Compute
 from analysis.models import Model
+from analysis.paradl import PIPELINE, PIPELINE_SCHEDULE
 from analysis.options import report_fallbacks
 from analysis.pricing import after_compute
 from analysis.validate_plan import contenders, plan
@@ -41,6 +42,8 @@ def main(args, cfg, layers, cal) -> int:
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
     pricer, work = plan(args, cfg, layers, cal, mesh)
+    pipes = {name: validate_pipeline.predict(args, name, cal, mesh) for name, layer, _, _ in work
+             if isinstance(layer, Model) and PIPELINE in cfg.selection.names}
     fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict, world.rank == 0)
     backend = backend_for(args.backend, world, hosts)
     coll = Collectives(world, mesh, coord, backend)
@@ -81,6 +84,9 @@ def main(args, cfg, layers, cal) -> int:
                 steps += _step_rows(name, opts.strategies[i].id, bench.prog, timed, pricer)
             say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
                 + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
+            if name in pipes:
+                rows.append(_pipeline_row(args, cfg, name, layer, pipes[name], world, backend))
+                say(f"  {name}: {PIPELINE} run, numerics ok", flush=True)
     except NumericsError as exc:
         if world.rank == 0:
             print(f"commcal: error: numerics mismatch: {exc}", file=sys.stderr, flush=True)
@@ -93,6 +99,22 @@ def main(args, cfg, layers, cal) -> int:
                {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
                 "calibration_advice": advice}, fallbacks)
     return 0
+
+
+def _pipeline_row(args, cfg, name, model, pipe, world, backend) -> dict:
+    """ParaDL's pipeline `pipe` of network `name` on every rank (analysis.validate_pipeline) as a strategy row;
+    comm: the step beyond the busiest stage's passes (messages and the bubble)."""
+    bench, train = validate_pipeline.bench(args, cfg, model, pipe, world, backend)
+    try:
+        timed = bench.timed(cfg.rule)
+        comm = validate_pipeline.measured_comm(train, timed.total.median, world)
+    finally:
+        bench.runner.coll.free()
+    row = _figures(name, model, PIPELINE, "named", pipe.bubble_s + pipe.messages_s,
+                   pipe.total_s - pipe.bubble_s - pipe.messages_s, timed)
+    messages = PIPELINE_SCHEDULE.messages(len(pipe.stages), pipe.micro_batches)
+    return row | {"comm_steps": int(messages), "measured_comm_s": comm, "measured_compute_s": timed.total.median - comm, "refined": False,
+                  "sent_bytes": 0, "stages": "-".join(map(str, pipe.stages))}
 
 
 def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
@@ -118,15 +140,18 @@ def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
 def _row(name, layer, opts, i, why, prog, timed) -> dict:
     """One strategy's predicted and measured figures; comm_bytes: the bytes per rank its collectives' buffers hold
     (sent_bytes, beside it, is what the harness counted)."""
-    comm_steps = sum(it.is_comm for it in prog.items)
-    return {"layer": name, "kind": type(layer).__name__, "strategy": opts.strategies[i].id, "selected": why,
-            "predicted_s": float(opts.time_s[i]), "predicted_comm_s": float(opts.comm_s[i]),
-            "predicted_compute_s": float(opts.compute_s[i]),
+    return _figures(name, layer, opts.strategies[i].id, why, float(opts.comm_s[i]), float(opts.compute_s[i]), timed) \
+        | {"comm_steps": sum(it.is_comm for it in prog.items),
+           "comm_bytes": sum(it.entry.bytes_per_rank for it in prog.items if it.is_comm)}
+
+
+def _figures(name, layer, sid, why, comm_s, compute_s, timed) -> dict:
+    return {"layer": name, "kind": type(layer).__name__, "strategy": sid, "selected": why,
+            "predicted_s": comm_s + compute_s, "predicted_comm_s": comm_s, "predicted_compute_s": compute_s,
             "measured_s": timed.total.median, "measured_ci_low_s": timed.total.ci_low,
             "measured_ci_high_s": timed.total.ci_high, "measured_comm_s": timed.comm.median,
             "measured_compute_s": timed.compute.median, "samples": timed.total.samples,
             "target_met": timed.target_met, "rounds": timed.rounds, "round_spread": timed.round_spread,
-            "comm_steps": comm_steps, "comm_bytes": sum(it.entry.bytes_per_rank for it in prog.items if it.is_comm),
             "max_rel_err": timed.max_rel_err, "cpu_steal": timed.cpu_steal}
 
 
