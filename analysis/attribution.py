@@ -43,6 +43,8 @@ def step_ratios(steps: pd.DataFrame) -> list[dict]:
     measured over predicted time."""
     rows = _collective_steps(steps)
     rows = rows[rows["predicted_s"] > 0]
+    if rows.empty:                   # no collective steps (a pipeline-only run)
+        return []
     ratio = (rows["measured_s"] / rows["predicted_s"]).groupby([rows["op"], rows["link"]])
     q = ratio.quantile([0.25, 0.5, 0.75]).unstack()
     return [{"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),

@@ -369,7 +369,8 @@ class TrainStep:
         self.clock.reset()
         y, grads = want
         host = lambda a: np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.float64)  # noqa: E731
-        rel = lambda got, ref: float(np.abs(got - ref).max() / max(np.abs(ref).max(), np.finfo(float).tiny))  # noqa: E731
+        rel = lambda got, ref: float(np.abs(got - ref).max(initial=0.0)  # noqa: E731 (a stage may own no weights)
+                                     / max(np.abs(ref).max(initial=0.0), np.finfo(float).tiny))
         out = 0.0
         if self.outputs:
             got = np.concatenate([host(self.outputs[k]) for k in sorted(self.outputs)])

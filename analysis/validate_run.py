@@ -82,8 +82,9 @@ def main(args, cfg, layers, cal) -> int:
                 rows.append(_row(name, layer, opts, i, why, bench.prog, timed)
                             | {"refined": i in refined, "sent_bytes": bench.sent_bytes})
                 steps += _step_rows(name, opts.strategies[i].id, bench.prog, timed, pricer)
-            say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
-                + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
+            if chosen:
+                say(f"  {name}: {len(chosen)} of {len(opts.strategies)} strategies run, numerics ok"
+                    + (f"; {len(refined)} contender(s) refined" if refined else ""), flush=True)
             if name in pipes:
                 rows.append(_pipeline_row(args, cfg, name, layer, pipes[name], world, backend))
                 say(f"  {name}: {PIPELINE} run, numerics ok", flush=True)
@@ -95,10 +96,15 @@ def main(args, cfg, layers, cal) -> int:
         coll.free()
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
-        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps), cal, steal,
+        _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps, columns=STEP_COLUMNS), cal, steal,
                {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
                 "calibration_advice": advice}, fallbacks)
     return 0
+
+
+STEP_COLUMNS = ("layer", "strategy", "index", "what", "op", "axis", "link", "size_bytes", "after_compute",
+                "predicted_s", "measured_s")
+"""The steps table's columns (_step_rows; a pipeline-only run has no steps)."""
 
 
 def _pipeline_row(args, cfg, name, model, pipe, world, backend) -> dict:

@@ -1,5 +1,6 @@
 """CNNs on real mpirun jobs: every strategy of every conv layer kind (batch norm included), and a whole network under
-each of ParaDL's strategies, match a single process forward and backward at 2 and 4 ranks; the bytes the harness
+each of ParaDL's strategies (the pipeline on the pipeline executor), match a single process forward and backward
+at 2 and 4 ranks; the bytes the harness
 hands MPI for halo exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced
 ones; benchmarks.paradl prints its table from a given calibration; bad network input is one line and exit 2."""
 
@@ -15,6 +16,8 @@ import pytest
 from analysis.harness import TOLERANCE
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
+from analysis.paradl import PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, pipeline
+from calib.calibration import load_calibration
 from calib.synthetic import synthetic_calibration
 from conftest import REPO, mpi_env, mpiexec_argv, run_mpi
 
@@ -72,6 +75,28 @@ def test_whole_network_strategies_match_one_process(tmp_path, ranks, mesh, strat
     assert "allreduce" in ops["data"] and not {"alltoall", "sendrecv"} & ops["data"]    # gradient reductions only
     assert "allgather" in ops["filter"] and "reduce_scatter" in ops["channel"]
     assert "sendrecv" in ops.get("spatial", ops.get("data+spatial"))
+
+
+PIPE = "cnn:batch=4,image=8,channels=2,convs=4-p-8,dense=8-4"
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_pipeline_strategy_matches_one_process_on_the_priced_stages(tmp_path, ranks):
+    """ParaDL's pipeline over `ranks` stages (GPipe, 4 micro-batches of 1 image, stages balanced by the
+    calibration's times, so NCHW tensors cross some boundaries and flat rows others): outputs and weight gradients
+    within float32's tolerance of one float64 process; the row's stages and prediction are analysis.paradl.pipeline's
+    (search's), its step measured with messages and bubble as its communication."""
+    cal, out = calibration(tmp_path / "cal.json"), tmp_path / "v"
+    proc = run_mpi(ranks, ["validate", cal, "--mesh", str(ranks), "--out", str(out), "--model", PIPE,
+                           "--strategies", "pipeline", *FAST], check=True)
+    row = pd.read_parquet(out / "strategies.parquet").set_index("strategy").loc["pipeline"]
+    pipe = pipeline(PIPE, load_calibration(cal), parse_mesh(str(ranks), ranks, ranks), PIPELINE_MICRO_BATCHES,
+                    PIPELINE_SCHEDULE)
+    assert len(pipe.stages) == ranks and row["stages"] == "-".join(map(str, pipe.stages))
+    assert row["predicted_s"] == pytest.approx(pipe.total_s)
+    assert row["predicted_comm_s"] == pytest.approx(pipe.bubble_s + pipe.messages_s)
+    assert row["max_rel_err"] <= TOLERANCE["float32"] and "pipeline run, numerics ok" in proc.stdout
+    assert 0 < row["measured_comm_s"] < row["measured_s"]
 
 
 SCRIPT = textwrap.dedent("""
@@ -151,23 +176,25 @@ def test_halo_and_gradient_bytes_are_paradls_volumes(tmp_path, ranks, mesh, stra
 
 
 def test_bench_paradl_prints_the_table_from_a_calibration(tmp_path):
-    cal = calibration(tmp_path / "cal.json")
+    cal, spec = calibration(tmp_path / "cal.json"), "cnn:batch=4,image=8,channels=4,convs=8-p,dense=8"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.paradl", "--launch", shlex.join(mpiexec_argv(4)),
-                           "--calibration", cal, "--model", "cnn:batch=4,image=8,channels=4,convs=8-p,dense=8",
+                           "--calibration", cal, "--model", spec,
                            "--out", str(tmp_path / "b"), "--validate-args", shlex.join(FAST)],
                           env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = pd.read_csv(tmp_path / "b" / "paradl.csv")
-    assert list(table["strategy"]) == ["data", "filter", "channel", "spatial", "data+filter", "data+spatial",
-                                       "pipeline"]
-    measured = table[table["strategy"] != "pipeline"]
-    assert (measured["measured_s"] > 0).all() and table["predicted_s"].gt(0).all()
-    assert (measured["accuracy"] == 1 - (measured["predicted_s"] - measured["measured_s"]).abs()
-            / measured["measured_s"]).all()
+    assert list(table["strategy"]) == ["data", "filter", "channel", "spatial", "pipeline", "data+filter",
+                                       "data+spatial"]
+    assert (table["measured_s"] > 0).all() and table["predicted_s"].gt(0).all()
+    assert (table["accuracy"] == 1 - (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]).all()
+    pipe = pipeline(spec, load_calibration(cal), parse_mesh("4", 4, 4), PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE)
+    assert table.loc[table["strategy"] == "pipeline", "predicted_s"].item() == pytest.approx(pipe.total_s)
     lines = proc.stdout.splitlines()
     mean = next(l for l in lines if l.startswith("mean "))
-    assert "86.74%" in mean and "6 strategies measured" in mean
-    assert next(l for l in lines if l.startswith("pipeline ") and "not run" in l).split()[-1] == "90.22%"
+    assert "86.74%" in mean and "7 strategies measured" in mean
+    row = next(l for l in lines if l.startswith("pipeline ") and "%" in l and "ms" not in l).split()
+    accuracy = table.loc[table["strategy"] == "pipeline", "accuracy"].item()
+    assert row[1] == f"{100 * accuracy:.2f}%" and row[2] == "90.22%"
 
 
 @pytest.mark.parametrize("args,says", [
