@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cai-sbp: each one's SBP equivalent between the same placements, id SBP@cai-KIND) and "
                         "strategy ids, comma-separated, e.g. cai,cai-sbp or cai-2d,m.n/ws (default: sbp); for --model, "
                         "ParaDL's network strategies by name, e.g. data,filter (default: every one that applies on the "
-                        "mesh)")
+                        "mesh); pipeline (only when named): ParaDL's pipeline over the mesh's devices as stages, run "
+                        "on the pipeline executor")
     p.add_argument("--max-strategies", type=int, default=None, help="per layer: above this, run the predicted "
                    "top half plus a seeded random sample of the rest "
                    f"({PRESETS.say('max_strategies')})")

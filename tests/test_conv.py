@@ -245,3 +245,31 @@ def test_cnn_specs_build_the_presets_and_refuse_bad_input():
                        ("cnn:kernel=2", "must be odd")]:
         with pytest.raises(UsageError, match=says):
             parse_model(spec)
+
+
+def test_cnn_stack_backward_is_the_gradient_of_its_forward_and_its_boundaries_change_shape():
+    """The pipeline's CNN stack (each layer by its replicated schedule's kernels): every weight gradient of the
+    one-process reference matches finite differences of the loss <output, R>; the activation entering each layer
+    (and leaving the last) has the layer's shape at any row count; batch norm is refused."""
+    from analysis.harness_cnn import CnnStack
+    from analysis.harness_pipeline import reference
+
+    stack = CnnStack(parse_model("cnn:batch=2,image=4,channels=2,convs=3-p,dense=4-3", "float64"))
+    data = stack.data(5)
+    y, grads = reference(stack, data)
+    assert y.shape == stack.shape(stack.layers, 2) == (2, 3)
+    assert [stack.shape(i, 1) for i in (0, 3, 4, 5)] == [(1, 2, 4, 4), (1, 3, 2, 2), (1, 12), (1, 4)]
+    loss = lambda: float((reference(stack, data)[0] * data["R"]).sum())  # noqa: E731
+    weighted = [i for i, w in enumerate(data["weights"]) if w]
+    assert len(weighted) == 3
+    for i in weighted:
+        w = data["weights"][i]["W"]
+        for idx in [tuple(0 for _ in w.shape), tuple(s - 1 for s in w.shape)]:
+            w[idx] += 1e-6
+            up = loss()
+            w[idx] -= 2e-6
+            down = loss()
+            w[idx] += 1e-6
+            assert (up - down) / 2e-6 == pytest.approx(grads[i]["W"][idx], rel=1e-5, abs=1e-8), (i, idx)
+    with pytest.raises(UsageError, match="batch norm"):
+        CnnStack(parse_model("cnn:batch=2,image=4,channels=2,convs=3,dense=4,bn=1"))
