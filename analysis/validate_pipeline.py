@@ -18,8 +18,10 @@ from analysis.paradl import PIPELINE, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE,
 from analysis.training import parse_config
 
 
-def predict(args, spec: str, cal, mesh) -> Pipeline:
-    """ParaDL's pipeline of network `spec` over the mesh's devices, as search prices it (UsageError if it cannot)."""
+def predict(args, spec: str, model, cal, mesh) -> Pipeline:
+    """ParaDL's pipeline of network `spec` over the mesh's devices, as search prices it (UsageError if it cannot be
+    priced or run)."""
+    CnnStack(model)
     return pipeline(spec, cal, mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, args.dtype, nics_per_node(args))
 
 

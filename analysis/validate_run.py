@@ -42,7 +42,7 @@ def main(args, cfg, layers, cal) -> int:
     world = MPI.COMM_WORLD
     mesh, coord, hosts = job_mesh(world, args.mesh)
     pricer, work = plan(args, cfg, layers, cal, mesh)
-    pipes = {name: validate_pipeline.predict(args, name, cal, mesh) for name, layer, _, _ in work
+    pipes = {name: validate_pipeline.predict(args, name, layer, cal, mesh) for name, layer, _, _ in work
              if isinstance(layer, Model) and PIPELINE in cfg.selection.names}
     fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict, world.rank == 0)
     backend = backend_for(args.backend, world, hosts)

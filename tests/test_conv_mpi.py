@@ -200,6 +200,7 @@ def test_bench_paradl_prints_the_table_from_a_calibration(tmp_path):
 @pytest.mark.parametrize("args,says", [
     (["--model", "vgg-small", "--mesh", "2", "--strategies", "data+filter"], "does not run on a 1-d mesh"),
     (["--model", "cnn:image=6,convs=4-p", "--mesh", "2"], "cannot be pooled"),
+    (["--model", "cnn:batch=4,image=4,convs=4,dense=4,bn=1", "--mesh", "2", "--strategies", "pipeline"], "batch norm"),
     (["--model", "vgg-small", "--mesh", "2", "--training", "transformer"], "not both")])
 def test_bad_network_input_is_one_line_and_exit_2(tmp_path, args, says):
     proc = run_mpi(2, ["validate", calibration(tmp_path / "cal.json"), "--out", str(tmp_path / "v"), *args, *FAST])
