@@ -270,6 +270,11 @@ class TrainingPricer:
         (mixed=False, as the validation harness trains) everything in `dtype` with no master copy, and a plain Adam
         step (ADAM_TRAFFIC_BYTES) for the optimizer."""
         self.terms = terms
+        self.async_progress = calibration.backend == "nccl"
+        """Whether a collective started during the backward pass progresses while it computes: NCCL's kernels run on
+        their own stream; host MPI advances a non-blocking collective only inside MPI calls (measured by the
+        harness: docs/results.md, "Training configurations on 4 ranks"), so there DP overlap hides nothing and
+        its per-layer all-reduces each pay their latency at the final wait."""
         self._wave = calibration.gemm_wave(dtype)
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
         self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
@@ -470,8 +475,13 @@ class TrainingPricer:
         P = self.stage_params(c)
         grads, params = P * self.grad_bytes, P * self.param_bytes
         comm = lambda op, nbytes: self._comm(pricer, op, "dp", nbytes)  # noqa: E731
-        hidden = (lambda s, window: max(0.0, s - window)) if c.dp_overlap else (lambda s, window: s)  # noqa: E731
+        overlaps = c.dp_overlap and self.async_progress
+        hidden = (lambda s, window: max(0.0, s - window)) if overlaps else (lambda s, window: s)  # noqa: E731
         if c.zero == 0:
+            if c.dp_overlap and not self.async_progress:     # one all-reduce per layer, all run at the final wait
+                n = max(1, self.model.layers // c.p)
+                s = n * comm("allreduce", grads / n)
+                return s, s
             s = comm("allreduce", grads)
             return s, hidden(s, bwd)
         rs, ag = comm("reduce_scatter", grads), comm("allgather", params)

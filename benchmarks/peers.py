@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -116,14 +117,17 @@ def build_reference(mpicc: str) -> Path:
 
 
 class Launcher:
-    def __init__(self, mpicc: str) -> None:
-        self.mpirun = shutil.which("mpirun", path=str(Path(mpicc).parent)) or shutil.which("mpirun")
+    """Runs a 2-rank job: local mpirun (2 ranks, unbound), or the --launch prefix (e.g. across two nodes)."""
+
+    def __init__(self, mpicc: str, launch: str | None = None) -> None:
+        mpirun = shutil.which("mpirun", path=str(Path(mpicc).parent)) or shutil.which("mpirun")
+        self.prefix = shlex.split(launch) if launch else [mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none"]
         self.env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                         PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.env.pop("MPI4PY_RC_THREAD_LEVEL", None)
 
     def run(self, argv: list[str], timeout: float = 900) -> str:
-        proc = subprocess.run([self.mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", *argv], env=self.env,
+        proc = subprocess.run([*self.prefix, *argv], env=self.env,
                               capture_output=True, text=True, timeout=timeout, cwd=REPO)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:6])} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
@@ -258,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="alternated runs of every tool (default 3)")
     ap.add_argument("--sizes", default="8,64,1K,8K,64K,512K,4M",
                     help="powers of two from 8 B to 4 MiB, the peers' convention (default 8,64,1K,8K,64K,512K,4M)")
+    ap.add_argument("--launch", help="launcher prefix of every 2-rank job (default: local mpirun -n 2 --oversubscribe "
+                    "--bind-to none); across two nodes of the local cluster: "
+                    "\"slurm/cluster.sh mpirun -n 2 --host node1:1,node2:1\"")
     args = ap.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     if any(s & (s - 1) for s in sizes):
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         bins[peer], note = build(peer, mpicc)
         notes.append(f"{peer}: {note}" if bins[peer] else f"{peer}: skipped, {note}")
     exe = build_reference(mpicc)
-    launch = Launcher(mpicc)
+    launch = Launcher(mpicc, args.launch)
     results: dict[str, list[Table]] = {}
     with tempfile.TemporaryDirectory(prefix="commcal-peers-") as tmp:
         for rep in range(args.reps):
@@ -283,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, table in run_commcal(launch, Path(tmp), sizes, rep).items():
                 results.setdefault(f"commcal-{name}", []).append(table)
             results.setdefault("c", []).append(run_reference(launch, exe, sizes))
-    print(f"# 2 local ranks, {args.reps} alternated runs, sizes {args.sizes}; {mpi_version(mpicc)}")
+    where = f"launched by {args.launch}" if args.launch else "2 local ranks"
+    print(f"# {where}, {args.reps} alternated runs, sizes {args.sizes}; {mpi_version(mpicc)}")
     print_tables(results, sizes, notes)
     return 0
 

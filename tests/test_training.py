@@ -21,10 +21,10 @@ OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "pingpong", "send
 GPT = "transformer:d=1024,heads=16,layers=8,seq=512,batch=32,vocab=1000"
 
 
-def synthetic():
+def synthetic(backend: str = "mpi"):
     models = {(op, link): (a, 1 / bw) for op in OPS
               for link, a, bw in (("intra", 5e-6, 100e9), ("inter", 20e-6, 12e9), ("spread", 25e-6, 10e9))}
-    return calibration_from_dict(synthetic_calibration(models, gemm={"float32": 1e13}))
+    return calibration_from_dict(synthetic_calibration(models, gemm={"float32": 1e13}, backend=backend))
 
 
 def test_bubbles_and_in_flight():
@@ -69,13 +69,25 @@ def test_infeasible_configurations_say_why():
 
 
 def test_step_adds_up_and_overlap_hides():
-    tp = TrainingPricer(synthetic(), Transformer.parse(GPT), 8, 4, "float32")
+    tp = TrainingPricer(synthetic("nccl"), Transformer.parse(GPT), 8, 4, "float32")
     for sched in ("gpipe", "1f1b", "interleaved"):
         off = tp.price(Config(2, 2, 2, 2, parse_schedule(sched, 2), 0))
         on = tp.price(Config(2, 2, 2, 2, parse_schedule(sched, 2), 0, dp_overlap=True))
         assert off.total_s == pytest.approx(sum(getattr(off, k) for k in off.PARTS))
         assert on.dp_exposed_s + on.dp_overlapped_s == pytest.approx(off.dp_exposed_s) and on.total_s <= off.total_s
         assert off.links == {"tp": "intra", "pp": "inter", "dp": "intra"}
+
+
+def test_overlap_hides_nothing_on_host_mpi_and_pays_a_call_per_layer():
+    """Host MPI advances a non-blocking all-reduce only inside MPI calls: overlap leaves every layer's all-reduce
+    exposed at the final wait, each with its latency, so it costs more than one all-reduce after the passes."""
+    model = Transformer.parse(GPT)
+    tp = TrainingPricer(synthetic("mpi"), model, 8, 4, "float32")
+    off = tp.price(Config(2, 2, 2, 2, parse_schedule("1f1b", 2), 0))
+    on = tp.price(Config(2, 2, 2, 2, parse_schedule("1f1b", 2), 0, dp_overlap=True))
+    assert on.dp_overlapped_s == 0 and on.dp_exposed_s > off.dp_exposed_s > 0
+    alpha = synthetic().predict("allreduce", off.links["dp"], 2, 0).seconds
+    assert on.dp_exposed_s - off.dp_exposed_s == pytest.approx((model.layers // 2 - 1) * alpha, rel=0.05)
     assert sum(1 for _ in space(Transformer.parse(GPT), 8)) > 100
 
 
