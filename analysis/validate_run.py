@@ -119,8 +119,8 @@ def _pipeline_row(args, cfg, name, model, pipe, world, backend) -> dict:
     row = _figures(name, model, PIPELINE, "named", pipe.bubble_s + pipe.messages_s,
                    pipe.total_s - pipe.bubble_s - pipe.messages_s, timed)
     messages = PIPELINE_SCHEDULE.messages(len(pipe.stages), pipe.micro_batches)
-    return row | {"comm_steps": int(messages), "measured_comm_s": comm, "measured_compute_s": timed.total.median - comm, "refined": False,
-                  "sent_bytes": 0, "stages": "-".join(map(str, pipe.stages))}
+    return row | {"comm_steps": int(messages), "measured_comm_s": comm, "measured_compute_s": timed.total.median - comm,
+                  "refined": False, "sent_bytes": 0, "stages": "-".join(map(str, pipe.stages))}
 
 
 def _refine(world, cfg, opts, benches, visit_rule) -> set[int]:
