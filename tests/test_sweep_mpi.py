@@ -410,7 +410,7 @@ def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_s
     """The default path's sweep runs its rounds in two MPI launches (a run and its resumption): every sample names
     its launch, every point pools both with their spread, and the calibration keeps the spread per model."""
     out, cal = tmp_path / "run", tmp_path / "cal.json"
-    args = ["sweep", "--out", str(out), "--ops", "allreduce,pingpong", "--sizes", "1K:64K", *FAST]
+    args = ["sweep", "--out", str(out), "--ops", "allreduce,pingpong", "--sizes", "1K:64K", "--retries", "0", *FAST]
     run_mpi(2, [*args, "--rounds", "1"], check=True)
     run_mpi(2, [*args, "--rounds", "2", "--resume"], check=True)
     summary, samples = load_summary(out), load_samples(out)
