@@ -246,3 +246,25 @@ def test_between_size_benchmark_scores_the_calibration_at_sizes_the_fit_never_sa
                         "cal_b": [0.05, 0.07, 0.30], "cal_a": [0.01, 0.02, 0.28], "run_b": [0.04, 0.06, 0.02]})
     text, met = table(err)
     assert not met and "MET" in text.splitlines()[1] and text.splitlines()[2].endswith("missed")
+
+
+def test_launch_spread_takes_the_larger_of_within_and_between_runs_and_the_fit_warns_above_10_percent():
+    """calib.fit.launch_spread per (procs, size): a sweep's own launches (launch_spread) or two runs fitted together
+    (their medians' half range); fit_model warns, naming the worst size, when a point moves by more than 10%."""
+    from calib.fit import FitOptions, fit_model, launch_spread
+
+    sizes = [1 << k for k in range(10, 20)]
+    rows = [{"procs": 2, "size_bytes": n, "requested_bytes": n, "launches": 2, "launch_spread": 0.01,
+             "seconds": 1e-6 + n * 1e-10 * (3.0 if run and n == 4096 else 1.0)} for run in (0, 1) for n in sizes]
+    df = pd.DataFrame(rows)
+    spread = launch_spread(df)
+    t = 1e-6 + 4096 * 1e-10
+    assert spread.launches == 4 and spread.n_points == len(sizes) and spread.median == pytest.approx(0.01)
+    half = 4096e-10                                  # half the range of 1x and 3x the byte term
+    assert spread.max_at_bytes == 4096 and spread.max == pytest.approx(half / (t + half))
+    model, warnings = fit_model("pingpong", "inter", df, FitOptions())
+    assert model.launch_spread == spread
+    assert any("move between MPI launches" in w and "4096 B" in w for w in warnings)
+    quiet = df.assign(seconds=[1e-6 + n * 1e-10 for n in df.size_bytes])
+    assert not any("MPI launches" in w for w in fit_model("pingpong", "inter", quiet, FitOptions())[1])
+    assert launch_spread(quiet.assign(launches=1).iloc[:len(sizes)]) is None
