@@ -234,6 +234,8 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
             assert json.loads((points / name).read_text())["rounds"] >= 3, f"{name} was not finished"
     run = json.loads((out / "run" / "run.json").read_text())
     assert run["resumed_at"], "run.json should record the resumption"
+    # sweep.sh measures every point in two MPI launches at least, and the calibration records it
+    assert (pd.read_csv(out / "run" / "summary.csv")["launches"] >= 2).all()
     assert sorted(run["hosts"]) == list(NODES)
     # 3. the calibration file: named after the cluster and date, valid, with both link classes
     cal_path = resumed_sweep.calibration
@@ -243,6 +245,8 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     cal = load_calibration(cal_path)
     assert {"intra", "inter"} <= set(cal.link_classes())
     data = json.loads(cal_path.read_text())
+    assert data["provenance"]["runs"][0]["launches"] >= 3 and data["provenance"]["runs"][0]["preset"] == "quick"
+    assert data["models"]["pingpong"]["inter"]["launch_spread"]["launches"] >= 2
     assert data["link_classes"]["inter"]["nodes"] == 2 and data["link_classes"]["intra"]["nodes"] == 1
     # 4. ground truth: the inter-node point-to-point bandwidth is the tbf rate's payload share
     bw = data["p2p"]["pingpong"]["inter"]["bandwidth_bytes_per_s"]
