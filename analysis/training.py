@@ -9,13 +9,15 @@ per device from a calibration. Pure. docs/training.md derives each term; in shor
 - Compute is every GEMM of a layer by shape (forward; backward its input and weight gradients) at the
   calibration's GEMM model, latency plus flops at the rate over the share of SMs its waves of output tiles keep
   busy, or its operands' and result's bytes at the copy rate where longer (a roofline); memory-bound kernels
-  (norms, softmax, dropout, GeLU, bias gradients, copies) move their bytes at the copy rate, each counted forward
-  and backward. Recomputation repeats the attention core (selective) or the forward (full).
+  (norms, softmax, dropout, GeLU, bias gradients, copies, the fp32 cross-entropy, and each micro-batch's weight
+  gradients added into the gradient buffer) are each a call at the copy model, latency plus bytes at the copy
+  rate, counted forward and backward. Recomputation repeats the attention core (selective) or the forward (full).
 - Tensor parallelism all-reduces the activation twice each way per layer, or with sequence parallelism
   reduce-scatters and all-gathers it (and all-gathers the sharded norm outputs again in the backward); full
   recomputation repeats the forward ones. Collectives Megatron overlaps with GEMMs count in full.
 - A step is m micro-batches through the slowest stage, plus the schedule's bubble, plus its point-to-point
-  messages (1/t of the activation each, all-gathered at the receiver without SP: Megatron's scatter/gather), plus
+  messages (1/t of the activation each, all-gathered at the receiver without SP: Megatron's scatter/gather) and
+  the tied word embedding's gradient all-reduce between the first and last stage, plus
   the data-parallel collectives not hidden behind the backward pass, plus the optimizer (Megatron's mixed-precision
   Adam step: its bytes at the copy rate).
 - Terms names these modelling choices so that benchmarks.published can show what each does to the error.
@@ -65,6 +67,9 @@ class Terms:
     optimizer_passes: bool = True   # the mixed-precision optimizer's passes (off: Adam's alone)
     pp_gather: bool = True          # scatter/gather's all-gather after each pipeline message (no SP)
     sp_regather: bool = True        # SP's backward all-gathers of the sharded norm outputs, counted like the rest
+    grad_accumulation: bool = True  # each micro-batch's weight gradients added into the gradient buffer
+    loss_fp32: bool = True          # cross-entropy on fp32 logits (off: three fp16 passes each way)
+    embedding_allreduce: bool = True  # the tied word embedding's gradient all-reduced between first and last stage
 
 
 @dataclass(frozen=True)
@@ -316,8 +321,26 @@ class TrainingPricer:
             best = max(best, bt * m * n / slots)
         return best
 
-    def _traffic(self, elements: float) -> float:
-        return self._probe.compute_seconds(0.0, elements)
+    def _traffic(self, *kernels: float) -> float:
+        """Memory-bound kernels given by the elements each reads and writes: each a call of its own at the
+        calibration's copy model, latency plus bytes at the copy rate."""
+        probe = self._probe
+        return sum(probe.copy_latency_s + e * self.itemsize / probe.copy_bytes_per_s for e in kernels)
+
+    def _accumulate(self, *tensors: float) -> float:
+        """One micro-batch's gradients of these parameter tensors (elements each) added into the gradient buffer:
+        Megatron-LM's main_grad.add_ per tensor, reading both and writing one (Terms.grad_accumulation)."""
+        return self._traffic(*(3 * n for n in tensors)) if self.terms.grad_accumulation else 0.0
+
+    def _loss(self, logits: float) -> tuple[float, float]:
+        """(forward, backward) seconds of the vocabulary-parallel cross-entropy over `logits` elements. Mixed
+        precision: on fp32 logits (Megatron-LM's default), bytes per logit forward 6 (to fp32), 4 (max), 8
+        (subtract), 8 (exp), 4 (sum), 8 (divide), backward 8 (times the loss gradient), 6 (to fp16); else (or
+        Terms.loss_fp32 off) three passes each way."""
+        if not (self.terms.loss_fp32 and self.mixed):
+            return self._traffic(3 * logits), self._traffic(3 * logits)
+        per = logits / self.itemsize
+        return self._traffic(*(b * per for b in (6, 4, 8, 8, 4, 8))), self._traffic(8 * per, 6 * per)
 
     def _layers_of(self, c: Config) -> tuple[_Layer, _Layer, _Layer]:
         """(a transformer layer, the first stage's embedding, the last stage's output layer) for one micro-batch."""
@@ -336,9 +359,10 @@ class TrainingPricer:
         hs = tokens * h / (t if c.sp else 1)                    # replicated norm/dropout regions (split with SP)
         A, H, F = b * a * s * s / t, tokens * h / t, tokens * f / t
         kf, kb = self._kernels(hs, A, H, F)
-        fwd_core = gemms(core) + traffic(kf["core"])
-        fwd = fwd_core + gemms(dense) + traffic(kf["rest"])
-        bwd = gemms(core + dense, backward=True) + traffic(kb["core"] + kb["rest"])
+        fwd_core = gemms(core) + traffic(*kf["core"])
+        fwd = fwd_core + gemms(dense) + traffic(*kf["rest"])
+        weights = (3 * h * h / t, 3 * h / t, h * h / t, h, h * f / t, f / t, h * f / t, h, h, h, h, h)
+        bwd = gemms(core + dense, backward=True) + traffic(*kb["core"], *kb["rest"]) + self._accumulate(*weights)
         rec = {"none": 0.0, "selective": fwd_core, "full": fwd}[c.recompute]
         act = tokens * h * self.itemsize
         pricer = self.pricer(c.t, c.p, c.d)
@@ -351,30 +375,32 @@ class TrainingPricer:
         regather = 2 * self._comm(pricer, "allgather", "tp", act) if c.sp and self.terms.sp_regather else 0.0
         layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd + regather, tp_fwd if c.recompute == "full" else 0.0)
         one_way = 0.0 if t == 1 else self._comm(pricer, "reduce_scatter" if c.sp else "allreduce", "tp", act)
-        embed = _Layer(traffic(2 * tokens * h), traffic(2 * tokens * h), 0.0, one_way, 0.0, 0.0)
+        embed = _Layer(traffic(2 * tokens * h), traffic(2 * tokens * h) + self._accumulate(V * h / t, s * h),
+                       0.0, one_way, 0.0, 0.0)
         logits = [(1, tokens, V // t, h)]
         gather = 0.0 if not (t > 1 and c.sp) else self._comm(pricer, "allgather", "tp", act)
-        head = _Layer(gemms(logits) + traffic(3 * tokens * V / t) + traffic(2 * hs),
-                      gemms(logits, backward=True) + traffic(3 * tokens * V / t), 0.0, gather, gather, 0.0)
+        loss_fwd, loss_bwd = self._loss(tokens * V / t)
+        head = _Layer(gemms(logits) + loss_fwd + traffic(2 * hs),
+                      gemms(logits, backward=True) + loss_bwd + self._accumulate(V * h / t), 0.0, gather, gather, 0.0)
         return layer, embed, head
 
     def _kernels(self, hs: float, A: float, H: float, F: float) -> tuple[dict, dict]:
-        """Elements the memory-bound kernels of a layer read and write (a byte mask counts half an element),
+        """Elements each memory-bound kernel of a layer reads and writes (a byte mask counts half an element),
         forward and backward, split into the attention core (what selective recomputation repeats) and the rest.
         hs: the norm/dropout region (b s h, /t with SP); A: attention scores (b a s^2 / t); H: b s h / t;
         F: b s f / t. Terms.kernels off: none; Terms.kernel_passes off: backward twice the forward."""
         if not self.terms.kernels:
-            return {"core": 0.0, "rest": 0.0}, {"core": 0.0, "rest": 0.0}
-        fwd = {"core": 2 * A + 2.5 * A,                          # scale-mask-softmax; dropout with its mask
-               "rest": 2 * hs + 3.5 * hs + 2 * hs + 3.5 * hs + 2 * F}   # norms, bias-dropout-adds, bias-GeLU
+            return {"core": (), "rest": ()}, {"core": (), "rest": ()}
+        fwd = {"core": (2 * A, 2.5 * A),                         # scale-mask-softmax; dropout with its mask
+               "rest": (2 * hs, 3.5 * hs, 2 * hs, 3.5 * hs, 2 * F)}     # norms, bias-dropout-adds, bias-GeLU
         if not self.terms.kernel_passes:
-            return fwd, {k: 2 * v for k, v in fwd.items()}
-        fwd["core"] += 2 * H                                    # context heads back to [s, b, h/t] (a copy)
-        bwd = {"core": 3 * A + 2.5 * A + 2 * H,                 # softmax and dropout backward; the context copy
-               "rest": 2 * 5 * hs                               # norms: dx, and the scale/shift gradients
-               + 2 * (2.5 * hs + hs + 3 * hs)                   # dropout backward, bias gradient, residual add
-               + 4 * F                                          # GeLU backward and its bias gradient
-               + 6 * H + 3 * H}                                 # Q, K, V gradients joined; QKV bias gradient
+            return fwd, {k: tuple(2 * e for e in v) for k, v in fwd.items()}
+        fwd["core"] += (2 * H,)                                 # context heads back to [s, b, h/t] (a copy)
+        bwd = {"core": (3 * A, 2.5 * A, 2 * H),                 # softmax and dropout backward; the context copy
+               "rest": (5 * hs, 5 * hs)                         # norms: dx, and the scale/shift gradients
+               + 2 * (2.5 * hs, hs, 3 * hs)                     # dropout backward, bias gradient, residual add
+               + (4 * F,)                                       # GeLU backward and its bias gradient
+               + (6 * H, 3 * H)}                                # Q, K, V gradients joined; QKV bias gradient
         return fwd, bwd
 
     def stage_params(self, c: Config) -> float:
@@ -437,7 +463,8 @@ class TrainingPricer:
         stage_avg = n * layer.total + (embed.total + head.total) / c.p
         pricer = self.pricer(c.t, c.p, c.d)
         message = self.model.seq * c.micro_batch * self.model.hidden * self.itemsize / c.t
-        pp = c.schedule.messages(c.p, m) * self._message(c, pricer, message) if c.p > 1 else 0.0
+        pp = 0.0 if c.p == 1 else (c.schedule.messages(c.p, m) * self._message(c, pricer, message)
+                                   + self._tied(c, pricer))
         dp_total, dp_exposed = self._dp(c, m, pricer, n * layer.fwd + embed.fwd, n * layer.bwd + embed.bwd)
         handled = self.stage_params(c) / (c.d if c.zero >= 1 else 1)
         per_param = OPTIMIZER_TRAFFIC_BYTES if self.terms.optimizer_passes and self.mixed else ADAM_TRAFFIC_BYTES
@@ -459,6 +486,17 @@ class TrainingPricer:
         gather = c.t > 1 and not c.sp and self.terms.pp_gather
         return self._comm(pricer, "pingpong", "pp", nbytes) + (
             self._comm(pricer, "allgather", "tp", nbytes * c.t) if gather else 0.0)
+
+    def _tied(self, c: Config, pricer: Pricer) -> float:
+        """The word embedding's gradient (the first and last stage each hold the tied copy) all-reduced by the two
+        after the backward pass (Megatron-LM's train_step), on the pipeline axis's link (Terms.embedding_allreduce)."""
+        if not (self.terms.embedding_allreduce and self.model.vocab):
+            return 0.0
+        link = pricer.link("allreduce", AXES["pp"])
+        if link is None:
+            return math.inf
+        nbytes = self.model.vocab * self.model.hidden / c.t * self.grad_bytes * pricer.sharing(link, AXES["pp"])
+        return float(self.cal.predict_seconds("allreduce", link, 2, [nbytes])[0])
 
     def _link(self, pricer: Pricer, op: str, dim: str) -> str:
         wanted = pricer.mesh.axes[AXES[dim]].link
