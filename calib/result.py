@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 14
+VERSION = 15
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -115,11 +115,21 @@ class LaunchSpread(Record):
 
 
 @dataclass(frozen=True)
+class Source(Record):
+    """Where a model or rate of a refined calibration came from (version 15): `kind` "spec" or "measured", and the
+    provenance run ids behind it (the spec's run id, or the measured runs whose points it was fitted from)."""
+
+    kind: str
+    run_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Model(Record):
     """The chosen model of one (op, link): its algorithm, segments, the headline alpha (smallest sizes) and beta
     (largest) with their intervals, the candidates tried and the held-out error."""
 
-    NESTED = {"segments": Segment, "candidates": Candidate, "heldout": HeldOut, "launch_spread": LaunchSpread}
+    NESTED = {"segments": Segment, "candidates": Candidate, "heldout": HeldOut, "launch_spread": LaunchSpread,
+              "source": Source}
 
     algorithm: str
     algorithm_description: str
@@ -136,6 +146,7 @@ class Model(Record):
     heldout: HeldOut
     warnings: tuple[str, ...]
     launch_spread: LaunchSpread | None = field(default=None, metadata=OPTIONAL)
+    source: Source | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def build(cls, algorithm: str, description: str, procs, identifiable: bool, fit_method: str, segments,
@@ -194,7 +205,10 @@ class PointToPoint(Record):
 @dataclass(frozen=True)
 class GemmRate(Record):
     """A dtype's saturated GEMM rate, its peak, where it saturates, the per-call latency (version >= 3), and the
-    output tiles of rows x cols one wave of the device runs at once (version >= 13; absent: no wave quantization)."""
+    output tiles of rows x cols one wave of the device runs at once (version >= 13; absent: no wave quantization), and
+    its source in a refined calibration (version >= 15)."""
+
+    NESTED = {"source": Source}
 
     flops_per_s: float
     peak_flops_per_s: float
@@ -205,16 +219,21 @@ class GemmRate(Record):
     wave_tiles: int | None = field(default=None, metadata=OPTIONAL)
     tile_rows: int | None = field(default=None, metadata=OPTIONAL)
     tile_cols: int | None = field(default=None, metadata=OPTIONAL)
+    source: Source | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
 class CopyRate(Record):
-    """A local copy: t = latency + bytes read and written / rate."""
+    """A local copy: t = latency + bytes read and written / rate; its source in a refined calibration
+    (version >= 15)."""
+
+    NESTED = {"source": Source}
 
     bytes_per_s: float
     latency_s: float
     n_points: int
     groups_per_node: int
+    source: Source | None = field(default=None, metadata=OPTIONAL)
 
 
 def _grouped(models: Models) -> dict[tuple[str, str], Model]:

@@ -22,7 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("analysis.predict_cmd", "predict a collective's time, or a layer strategy's plan and cost, from a calibration"),
     "table": ("calib.table_cmd", "print a calibration's alpha/beta tables"),
     "import": ("calib.import_cmd", "turn nccl-tests, OSU or IMB logs into a run directory that fit reads"),
-    "calibration": ("calib.spec_cmd", "write a calibration from a hardware spec (calibration from-spec SPEC --out CAL)"),
+    "calibration": ("calib.spec_cmd", "write a calibration from a hardware spec, refined by measured runs where given "
+                                      "(calibration from-spec SPEC [--refine RUN_DIR ...] --out CAL)"),
     "export": ("calib.export_cmd", "write a planner's machine description (Calculon, ASTRA-sim, SimAI) from a calibration"),
     "search": ("analysis.search_cmd", "search SBP sharding strategies for a model on a device mesh"),
     "validate": ("analysis.validate_cmd", "run real SBP strategies and score predicted vs measured ranking (under mpirun/srun)"),
