@@ -7,7 +7,9 @@ between sizes of
     calibration A -> A   (against the launch it was fitted in: the model alone, without drift between runs)
     run A -> run B       (one run's measured times as the prediction of the other's: the noise ceiling)
 
-and the gap in points between the first and the last (issue 31's target: within 2 points for every operation).
+and the gap in points between the first and the last (issue 31's target: within 2 points for every operation); then
+per operation the intervals of A's grid where the time grows faster than the size (calib.regimes: a regime change
+the grid cannot see) and the calibration's error against run A at the between sizes inside them and outside.
 
     python -m benchmarks.between --out /tmp/bt                                        # 2 local ranks
     python -m benchmarks.between --launch "slurm/cluster.sh mpirun -n 2 --host node1:1,node2:1" --links inter \\
@@ -29,6 +31,8 @@ import numpy as np
 import pandas as pd
 
 from calib.calibration import load_calibration
+from calib.points import load_runs
+from calib.regimes import HiddenChange, hidden_changes
 from microbench.records import load_summary
 from microbench.sizes import format_size, parse_sizes
 
@@ -92,8 +96,8 @@ def errors(cal, a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         op, link, procs, _ = key
         pred = float(cal.predict_seconds(op, link, int(procs), np.array([float(rb.size_bytes)]))[0])
         ma, mb = float(a.loc[key, "median_s"]), float(rb.median_s)
-        rows.append({"op": op, "link": link, "size": int(rb.size_bytes), "cal_b": abs(pred - mb) / mb,
-                     "cal_a": abs(pred - ma) / ma, "run_b": abs(ma - mb) / mb})
+        rows.append({"op": op, "link": link, "procs": int(procs), "size": int(rb.size_bytes),
+                     "cal_b": abs(pred - mb) / mb, "cal_a": abs(pred - ma) / ma, "run_b": abs(ma - mb) / mb})
     return pd.DataFrame(rows)
 
 
@@ -107,6 +111,29 @@ def table(err: pd.DataFrame) -> tuple[str, bool]:
         lines.append(f"{op:<16}{link:<7}{r.cal_b:9.1f}%{r.cal_a:9.1f}%{r.run_b:9.1f}%{r.gap:8.1f}  "
                      + ("MET" if r.gap <= TARGET_POINTS else "missed"))
     return "\n".join(lines), bool((med["gap"] <= TARGET_POINTS).all())
+
+
+def _inside(row, changes: list[HiddenChange]) -> bool:
+    """Whether an error row's size lies strictly inside an interval flagged for its op, link and process count."""
+    return any((c.op, c.link, c.procs) == (row.op, row.link, row.procs) and c.low_bytes < row["size"] < c.high_bytes
+               for c in changes)
+
+
+def _median_pct(err: pd.DataFrame) -> str:
+    """The median error of calibration A against run A, in percent ('-' for no point)."""
+    return f"{err.cal_a.median() * 100:8.1f}%" if len(err) else f"{'-':>9}"
+
+
+def flagged(err: pd.DataFrame, changes: list[HiddenChange]) -> str:
+    """Per operation the grid's flagged intervals and the median error of calibration A against run A at the between
+    sizes inside them and outside: whether the flags sit where the model misses."""
+    inside = err.apply(_inside, axis=1, changes=changes).astype(bool)
+    lines = [f"{'op':<16}{'link':<7}{'in flagged':>11}{'outside':>9}  intervals flagged on A's grid (calib.regimes)"]
+    for (op, link), g in err.groupby(["op", "link"]):
+        spans = sorted({(c.low_bytes, c.high_bytes) for c in changes if (c.op, c.link) == (op, link)})
+        lines.append(f"{op:<16}{link:<7}  {_median_pct(g[inside[g.index]])}{_median_pct(g[~inside[g.index]])}  "
+                     + (", ".join(f"{lo}..{hi} B" for lo, hi in spans) or "none"))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text, met = table(err)
     print(text)
+    print(flagged(err, hidden_changes(load_runs([str(out / "A-grid")]).points)))
     err.to_csv(out / "between-errors.csv", index=False)
     print(f"per point: {out / 'between-errors.csv'}")
     return 0 if met else 1

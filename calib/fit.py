@@ -15,6 +15,7 @@ from calib.result import (AfterCompute, CalibrationResult, Candidate, CopyRate, 
                           Model, p2p_of)
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
+from calib.regimes import change_warnings, hidden_changes
 from calib.segments import Points, fit_piecewise
 from microbench.errors import UsageError
 from microbench.links import meaning
@@ -229,6 +230,7 @@ def _fit_models(pts: pd.DataFrame, opts: FitOptions, hockney_table: bool = True)
             rows, why = hockney_rows(str(op), str(link), df, opts)
             hockney += rows
             warnings += why
+        warnings += change_warnings(hidden_changes(df))
     return models, hockney, warnings
 
 

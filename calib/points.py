@@ -23,6 +23,8 @@ SECONDS = (1e-12, 1e6)
 """The samples a fit uses: times a timed call can take, a picosecond to 11.6 days. Samples outside (zero or negative
 times, or absurd ones from a file edited by hand) are left out, and so are points left with none: the fit weighs each
 point by 1/t^2, which floats do not hold far outside this range."""
+CI = ("ci_low_s", "ci_high_s")
+"""The 95% CI of each point's median, as the run recorded it (NaN where it has none); calib.regimes reads it."""
 _COUNTS = ("nodes", "ranks_per_node", "procs", "groups", "groups_per_node")
 _NUMBERS = (*_COUNTS, "requested_bytes", "size_bytes", "flops", "wrong")
 
@@ -159,6 +161,8 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]
     codes, rounds, seconds = columns
     stats = _pooled_medians(codes, ids.cat.categories.astype(str), rounds, seconds)
     pts = summary.loc[:, list(_KEEP)].copy()
+    for col in CI:
+        pts[col] = pd.to_numeric(summary[col], errors="coerce") if col in summary.columns else np.nan
     pts["point_id"] = pts["point_id"].astype(str)
     pts, dropped = _usable(pts, stats.index, run_dir)
     if pts.empty:

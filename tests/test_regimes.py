@@ -1,0 +1,117 @@
+"""calib.regimes: intervals of the size grid where the time grows faster than the size (beyond the CIs), which no
+alpha-beta line allows; fit's warning about them; benchmarks.between's table of them. On synthetic sweeps of known
+truth and on the real OSU fixture imported as commcal import reads it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calib.points import load_runs
+from calib.regimes import HiddenChange, change_warnings, hidden_changes
+from calib.synthetic import Segment, TrueModel, write_synthetic_run
+from conftest import run_main
+
+OSU = Path(__file__).parent / "data" / "peers" / "osu-7.5"
+GRID = tuple(2 ** k for k in range(3, 21))                 # 8 B .. 1 MiB, powers of two
+STEP = TrueModel((Segment(3000, 1.0e-6, 1e-10), Segment(math.inf, 2.5e-6, 1e-10)))
+"""A protocol change at 3000 B, inside the 2-4 KiB octave, shaped like issue 31's shared-memory one (1.2 us at
+2 KiB, 2.9 us at 4 KiB)."""
+LINES = {("pingpong", "intra"): TrueModel.line(1.0e-6, 1e-10), ("allreduce", "intra"): TrueModel.line(3e-6, 2e-10),
+         ("allgather", "intra"): TrueModel.line(2e-6, 4e-10)}
+
+
+def _points(tmp_path: Path, models: dict, seed: int = 1, noise: float = 0.03) -> pd.DataFrame:
+    run = write_synthetic_run(tmp_path / f"run{seed}", models, {"intra": [2, 4]}, sizes=GRID, noise=noise, seed=seed)
+    return load_runs([str(run)]).points
+
+
+def test_a_jump_inside_an_octave_is_flagged_and_named(tmp_path):
+    """The step at 3000 B is found between 2048 and 4096 B at every process count, and nowhere else; the suggested
+    size is the geometric middle in whole float32 elements."""
+    changes = hidden_changes(_points(tmp_path, {("pingpong", "intra"): STEP, ("allreduce", "intra"): STEP}))
+    assert {(c.op, c.procs) for c in changes} == {("pingpong", 2), ("allreduce", 2), ("allreduce", 4)}
+    for c in changes:
+        assert (c.low_bytes, c.high_bytes, c.size_ratio, c.suggest_bytes) == (2048, 4096, 2.0, 2896)
+        assert c.time_ratio == pytest.approx(2.9 / 1.2, rel=0.1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_pure_hockney_line_with_noise_is_never_flagged(tmp_path, seed):
+    """Noise inside the CIs (3% lognormal, 15 samples a point) never makes the time outgrow the size."""
+    assert hidden_changes(_points(tmp_path, LINES, seed=seed, noise=0.03)) == []
+
+
+def test_points_without_a_valid_ci_are_skipped():
+    """A jump between points whose CI is missing (too few samples) or not an interval around the median is no
+    evidence; the same jump with CIs is."""
+    sizes = [1024, 2048, 4096, 8192]
+    seconds = [1.0e-6, 1.1e-6, 3.0e-6, 3.4e-6]
+    base = pd.DataFrame({"op": "pingpong", "link": "intra", "procs": 2, "size_bytes": sizes, "dtype": "float32",
+                         "seconds": seconds})
+    with_ci = base.assign(ci_low_s=base.seconds * 0.98, ci_high_s=base.seconds * 1.02)
+    assert [(c.low_bytes, c.high_bytes) for c in hidden_changes(with_ci)] == [(2048, 4096)]
+    assert hidden_changes(base.assign(ci_low_s=np.nan, ci_high_s=np.nan)) == []
+    assert hidden_changes(with_ci.assign(ci_low_s=base.seconds * 1.1)) == []      # low above the median: invalid
+
+
+def test_the_real_osu_latency_log_flags_its_protocol_change_once_it_has_cis(capsys, tmp_path):
+    """The OSU 7.5 ping-pong fixture (0.41 us at 2 KiB, 1.90 us at 4 KiB) imported has no CIs (one mean a size), so
+    nothing is claimed; given the sweep's default +-2% CI target its jumps beyond the size's ratio are named."""
+    run = tmp_path / "osu"
+    code, _, err = run_main(capsys, ["import", str(OSU / "osu_latency.txt"), "--link", "intra", "--out", str(run)])
+    assert code == 0, err
+    pts = load_runs([str(run)]).points
+    assert hidden_changes(pts) == []
+    flagged = hidden_changes(pts.assign(ci_low_s=pts.seconds * 0.98, ci_high_s=pts.seconds * 1.02))
+    assert [(c.low_bytes, c.high_bytes) for c in flagged] == [(2048, 4096), (262144, 524288), (1048576, 2097152)]
+    assert flagged[0].time_ratio == pytest.approx(1.90 / 0.41)
+
+
+def test_fit_warns_once_per_op_and_link_with_the_sizes_to_add(capsys, tmp_path):
+    """commcal fit prints one WARNING line on stderr per (op, link) with a flagged interval, naming it and the size
+    to add with --resume, and records it in the calibration's warnings; a run of pure lines gets none."""
+    run = write_synthetic_run(tmp_path / "step", {("pingpong", "intra"): STEP, ("allreduce", "intra"): STEP,
+                                                   ("bcast", "intra"): TrueModel.line(3e-6, 2e-10)},
+                              {"intra": [2, 4]}, sizes=GRID, noise=0.03, seed=2)
+    cal = tmp_path / "cal.json"
+    code, out, err = run_main(capsys, ["fit", str(run), "--out", str(cal)])
+    assert code == 0, err
+    lines = [w for w in err.splitlines() if "time grows faster than size" in w]
+    assert [w.split(":")[1].strip() for w in lines] == ["allreduce/intra", "pingpong/intra"]
+    assert all(w.startswith("WARNING: ") and "2048..4096 B" in w and "add 2896 to the sweep's --sizes" in w
+               and "--resume" in w for w in lines)
+    assert "2048..4096 B at 2,4 ranks" in lines[0]
+    assert [w for w in json.loads(cal.read_text())["warnings"] if "time grows faster" in w] == \
+        [w.removeprefix("WARNING: ") for w in lines]
+    flat = write_synthetic_run(tmp_path / "flat", LINES, {"intra": [2, 4]}, sizes=GRID, noise=0.03, seed=2)
+    code, _, err = run_main(capsys, ["fit", str(flat), "--out", str(tmp_path / "flat.json")])
+    assert code == 0 and "time grows faster" not in err
+
+
+def test_warnings_group_intervals_by_op_and_link():
+    """Many intervals of one (op, link) make one line, each interval once with its process counts."""
+    changes = [HiddenChange("alltoall", "inter", p, lo, 2 * lo, 2.5, 2.0, int(lo * 1.414)) for lo in (2048, 65536)
+               for p in (2, 4, 8)]
+    (line,) = change_warnings(changes)
+    assert line.count("2048..4096 B at 2,4,8 ranks") == 1 and line.count("65536..131072 B at 2,4,8 ranks") == 1
+    assert "add 2895,92667 to the sweep's --sizes" in line
+
+
+def test_between_benchmark_sets_the_error_inside_flagged_intervals_beside_the_rest():
+    """benchmarks.between.flagged: per operation the median error of calibration A against run A inside the flagged
+    intervals and outside them, and the intervals."""
+    from benchmarks.between import flagged
+
+    err = pd.DataFrame({"op": ["pingpong"] * 3 + ["bcast"], "link": ["intra"] * 4, "procs": [2] * 4,
+                        "size": [2896, 4088, 11584, 2896], "cal_b": [0.5, 0.1, 0.03, 0.02],
+                        "cal_a": [0.46, 0.04, 0.02, 0.03], "run_b": [0.02] * 4})
+    text = flagged(err, [HiddenChange("pingpong", "intra", 2, 2048, 4096, 2.4, 2.0, 2896)])
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[1:]}
+    assert rows["pingpong"][2:] == ["25.0%", "2.0%", "2048..4096", "B"]
+    assert rows["bcast"][2:] == ["-", "3.0%", "none"]
