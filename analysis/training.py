@@ -283,6 +283,7 @@ class TrainingPricer:
         self._wave = calibration.gemm_wave(dtype)
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
         self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
+        self._comms: dict[tuple, float] = {}
 
     def pricer(self, t: int, p: int, d: int) -> Pricer:
         key = (t, p, d)
@@ -295,7 +296,11 @@ class TrainingPricer:
         return self.pricer(1, 1, self.devices)
 
     def _comm(self, pricer: Pricer, op: str, dim: str, nbytes: float) -> float:
-        return float(pricer.seconds(op, AXES[dim], [nbytes])[0])
+        """One collective's seconds, remembered: a search prices the same few calls for thousands of configurations."""
+        key = (id(pricer), op, dim, nbytes)
+        if key not in self._comms:
+            self._comms[key] = float(pricer.seconds(op, AXES[dim], [nbytes])[0])
+        return self._comms[key]
 
     def _gemms(self, shapes, backward: bool = False) -> float:
         """Seconds of GEMMs given as (batch, m, n, k): each call at the calibration's GEMM model (latency plus flops
@@ -496,7 +501,10 @@ class TrainingPricer:
         if link is None:
             return math.inf
         nbytes = self.model.vocab * self.model.hidden / c.t * self.grad_bytes * pricer.sharing(link, AXES["pp"])
-        return float(self.cal.predict_seconds("allreduce", link, 2, [nbytes])[0])
+        key = ("tied", link, nbytes)
+        if key not in self._comms:
+            self._comms[key] = float(self.cal.predict_seconds("allreduce", link, 2, [nbytes])[0])
+        return self._comms[key]
 
     def _link(self, pricer: Pricer, op: str, dim: str) -> str:
         wanted = pricer.mesh.axes[AXES[dim]].link
