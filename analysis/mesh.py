@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from microbench.errors import UsageError
 from microbench.links import link_of
 
@@ -92,7 +94,9 @@ class Mesh:
                     max(len(self.spans), 1))
 
     def groups(self, axis: int) -> list[list[int]]:
-        return [self.group(axis, r) for r in range(self.devices) if self.coord(r)[axis] == 0]
+        """Every group on `axis`, by its first rank, each in coordinate order (the ranks laid out as the shape)."""
+        ranks = np.arange(self.devices).reshape(self.shape)
+        return np.moveaxis(ranks, axis, -1).reshape(-1, self.shape[axis]).tolist()
 
     @cached_property
     def axes(self) -> tuple[AxisGroup, ...]:

@@ -28,7 +28,7 @@ per device from a calibration. Pure. docs/training.md derives each term; in shor
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 from analysis.mesh import Mesh
@@ -284,6 +284,7 @@ class TrainingPricer:
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
         self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
         self._comms: dict[tuple, float] = {}
+        self._dims: dict[tuple, dict[str, str]] = {}
 
     def pricer(self, t: int, p: int, d: int) -> Pricer:
         key = (t, p, d)
@@ -411,17 +412,23 @@ class TrainingPricer:
     def stage_params(self, c: Config) -> float:
         """Parameters per device on the first stage: its layers' share and the (tied) embedding's, split t ways."""
         m = self.model
-        return (m.layers // c.p * m.layer_params + (m.vocab + m.seq) * m.hidden) / c.t
+        return (m.layers // c.p * self._layer_params + (m.vocab + m.seq) * m.hidden) / c.t
 
-    def activation_bytes(self, c: Config) -> float:
+    @cached_property
+    def _layer_params(self) -> float:
+        return self.model.layer_params
+
+    def activation_bytes(self, c: Config, recompute: str | None = None) -> float:
         """Korthikanti et al. 2022's activation bytes of one layer and micro-batch per device (Table 2): fp16,
-        a dropout mask byte per element; with full recomputation only the layer's input is kept."""
+        a dropout mask byte per element; with full recomputation only the layer's input is kept. `recompute`
+        overrides c's."""
         m = self.model
+        recompute = recompute or c.recompute
         sbh = m.seq * c.micro_batch * m.hidden
         attn = 5 * m.heads * m.seq / m.hidden
-        if c.recompute == "full":
+        if recompute == "full":
             return 2 * sbh / (c.t if c.sp else 1)
-        core = 0.0 if c.recompute == "selective" else attn
+        core = 0.0 if recompute == "selective" else attn
         return sbh * (34 + core) / c.t if c.sp else sbh * (10 + (24 + core) / c.t)
 
     def memory(self, c: Config, m: int) -> Memory:
@@ -430,7 +437,7 @@ class TrainingPricer:
         per_layer = self.activation_bytes(c)
         acts = self.model.layers // c.p * per_layer * c.schedule.in_flight(c.p, m)
         if c.recompute == "full":        # the one layer being recomputed holds all its activations
-            acts += self.activation_bytes(replace(c, recompute="none"))
+            acts += self.activation_bytes(c, "none")
         return Memory(P * self.param_bytes / shard(3), P * self.grad_bytes / shard(2),
                       P * self.optimizer_bytes / shard(1), acts)
 
@@ -479,9 +486,7 @@ class TrainingPricer:
         recompute = m * n * layer.rec
         tp = m * (n * layer.tp + sum(x.tp for x in extras))
         total = m * slow + bubble + pp + dp_exposed + optimizer
-        links = {dim: self._link(pricer, op, dim) for dim, op, used in (
-            ("tp", "reduce_scatter" if c.sp else "allreduce", c.t > 1), ("pp", "pingpong", c.p > 1),
-            ("dp", "allreduce" if c.zero == 0 else "reduce_scatter", c.d > 1)) if used}
+        links = self._links(c, pricer)
         return Step(c, m, total, compute, recompute, tp, pp, bubble, dp_exposed, dp_total - dp_exposed, optimizer,
                     mem, links)
 
@@ -497,14 +502,22 @@ class TrainingPricer:
         after the backward pass (Megatron-LM's train_step), on the pipeline axis's link (Terms.embedding_allreduce)."""
         if not (self.terms.embedding_allreduce and self.model.vocab):
             return 0.0
-        link = pricer.link("allreduce", AXES["pp"])
-        if link is None:
-            return math.inf
-        nbytes = self.model.vocab * self.model.hidden / c.t * self.grad_bytes * pricer.sharing(link, AXES["pp"])
-        key = ("tied", link, nbytes)
+        key = ("tied", id(pricer))
         if key not in self._comms:
-            self._comms[key] = float(self.cal.predict_seconds("allreduce", link, 2, [nbytes])[0])
+            link = pricer.link("allreduce", AXES["pp"])
+            nbytes = self.model.vocab * self.model.hidden / c.t * self.grad_bytes
+            self._comms[key] = math.inf if link is None else float(self.cal.predict_seconds(
+                "allreduce", link, 2, [nbytes * pricer.sharing(link, AXES["pp"])])[0])
         return self._comms[key]
+
+    def _links(self, c: Config, pricer: Pricer) -> dict[str, str]:
+        """The link class each parallel dimension of c communicates on (after fallback), remembered per mesh."""
+        key = (id(pricer), c.sp, c.zero == 0)
+        if key not in self._dims:
+            self._dims[key] = {dim: self._link(pricer, op, dim) for dim, op, used in (
+                ("tp", "reduce_scatter" if c.sp else "allreduce", c.t > 1), ("pp", "pingpong", c.p > 1),
+                ("dp", "allreduce" if c.zero == 0 else "reduce_scatter", c.d > 1)) if used}
+        return dict(self._dims[key])
 
     def _link(self, pricer: Pricer, op: str, dim: str) -> str:
         wanted = pricer.mesh.axes[AXES[dim]].link
