@@ -100,22 +100,33 @@ class Mesh:
 
     @cached_property
     def axes(self) -> tuple[AxisGroup, ...]:
-        out = []
-        for axis, size in enumerate(self.shape):
-            shapes = set()
-            sharing: dict[int, int] = {}
-            level = 0
-            for g in self.groups(axis):
-                per_node: dict[int, int] = {}
-                for r in g:
-                    per_node[r // self.ranks_per_node] = per_node.get(r // self.ranks_per_node, 0) + 1
-                shapes.add((len(per_node), max(per_node.values())))
-                level = max(level, self.level(per_node))
-                for node in per_node:
-                    sharing[node] = sharing.get(node, 0) + 1
-            nodes, rpn = max(shapes)
-            out.append(AxisGroup(axis, size, nodes, rpn, max(sharing.values()), max(level, 1) if nodes > 1 else 0))
-        return tuple(out)
+        return tuple(self._axis(axis, size) for axis, size in enumerate(self.shape))
+
+    def _axis(self, axis: int, size: int) -> AxisGroup:
+        """One axis's groups summed up, all groups at once: each group's nodes (rows, ascending as its ranks are),
+        its widest group's nodes and ranks per node, how many groups share a node, the highest level crossed."""
+        nodes = np.asarray(self.groups(axis)) // self.ranks_per_node
+        rows = np.arange(len(nodes))
+        pairs, counts = np.unique(nodes + rows[:, None] * self.nodes, return_counts=True)   # (group, node) once
+        group, node = pairs // self.nodes, pairs % self.nodes
+        widths = np.bincount(group, minlength=len(nodes))
+        fullest = np.zeros(len(nodes), dtype=int)
+        np.maximum.at(fullest, group, counts)
+        wide = int(widths.max())
+        per_node = int(fullest[widths == wide].max())
+        sharing = int(np.bincount(node).max())
+        if wide == 1:
+            return AxisGroup(axis, size, 1, per_node, sharing, 0)
+        lo, hi = nodes.min(axis=1), nodes.max(axis=1)
+        crossed = lo != hi
+        return AxisGroup(axis, size, wide, per_node, sharing, self._level(lo[crossed], hi[crossed]))
+
+    def _level(self, lo: np.ndarray, hi: np.ndarray) -> int:
+        """The highest of the levels that groups spanning nodes lo..hi cross (level() of each, at once)."""
+        level = np.full(len(lo), max(len(self.spans), 1))
+        for k, span in reversed(list(enumerate(self.spans, start=1))):
+            level[lo // span == hi // span] = k
+        return max(int(level.max()), 1)
 
 
 def parse_mesh(text: str, ranks_per_node: int | None = None, devices: int | None = None) -> Mesh:
