@@ -104,7 +104,8 @@ def main() -> None:
                 ratios.setdefault((name, size, "cold"), []).append(m.estimate.median / c_cold)
     if world.rank == 0:
         level = MPI.Query_thread()
-        print(f"# {MPI.Get_library_version().rstrip(chr(0)).splitlines()[0]}; timing: {note}; {args.rounds} rounds; MPI thread "
+        library = MPI.Get_library_version().rstrip(chr(0)).splitlines()[0]
+        print(f"# {library}; timing: {note}; {args.rounds} rounds; MPI thread "
               f"level {THREADS['requested']} requested, {level} provided (0 single .. 3 multiple)")
         print("# ratios: warm paths to the C reference, cold to C cold (the same slots of one 64 MiB pool)")
         print(f"{'op':<10} {'size':>8} {'path':<12} {'median us':>10} {'ratio to C (median of rounds)':>30}")
