@@ -75,23 +75,9 @@ class Mesh:
             out.append(rank // self.stride(axis) % self.shape[axis])
         return tuple(out)
 
-    def group(self, axis: int, rank: int) -> list[int]:
-        """The ranks of `rank`'s group on `axis`, in coordinate order (the order a collective uses)."""
-        base = rank - self.coord(rank)[axis] * self.stride(axis)
-        return [base + i * self.stride(axis) for i in range(self.shape[axis])]
-
     def placed(self, spans: tuple[int, ...]) -> "Mesh":
         """This mesh on a cluster whose switches of level k hold spans[k - 1] nodes (calib's switch_spans)."""
         return self if spans == self.spans else Mesh(self.shape, self.ranks_per_node, tuple(spans))
-
-    def level(self, nodes) -> int:
-        """The highest topology level a set of node indices crosses: 0 for one node, else the lowest switch level
-        whose switches hold them all (the top level past the tree; 1 when flat)."""
-        nodes = set(nodes)
-        if len(nodes) == 1:
-            return 0
-        return next((k for k, span in enumerate(self.spans, start=1) if len({n // span for n in nodes}) == 1),
-                    max(len(self.spans), 1))
 
     def groups(self, axis: int) -> list[list[int]]:
         """Every group on `axis`, by its first rank, each in coordinate order (the ranks laid out as the shape)."""

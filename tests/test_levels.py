@@ -123,6 +123,19 @@ def test_a_mesh_is_placed_on_the_levels():
     assert [a.link for a in Mesh((4, 2), 1).placed((2, 4)).axes] == ["inter2", "inter"]
 
 
+def test_each_axis_sums_up_its_groups_by_hand():
+    """An axis's widest group (nodes, ranks per node), the groups sharing a node and the level crossed, counted by
+    hand, also where groups of one axis differ in width (3 x 2 on nodes of 3 ranks: {0,1}, {2,3}, {4,5})."""
+    from analysis.mesh import AxisGroup
+    assert Mesh((2, 4), 2).axes == (AxisGroup(0, 2, 2, 1, 2, 1), AxisGroup(1, 4, 2, 2, 1, 1))
+    assert Mesh((3, 2), 3).axes == (AxisGroup(0, 3, 2, 2, 2, 1), AxisGroup(1, 2, 2, 1, 2, 1))
+    # 2 x 3 on nodes of 2 ranks: groups {0,1,2} and {3,4,5}; node 1 holds a rank of each, nodes 0 and 2 of one
+    assert Mesh((2, 3), 2).axes == (AxisGroup(0, 2, 2, 1, 2, 1), AxisGroup(1, 3, 2, 2, 2, 1))
+    assert Mesh((2, 4), 4).axes == (AxisGroup(0, 2, 2, 1, 4, 1), AxisGroup(1, 4, 1, 4, 1, 0))
+    assert Mesh((4, 2), 1).placed((2, 4)).axes == (AxisGroup(0, 4, 4, 1, 1, 2), AxisGroup(1, 2, 2, 1, 1, 1))
+    assert Mesh((8, 2), 1).placed((2, 4)).axes[0] == AxisGroup(0, 8, 8, 1, 1, 2)    # past the tree: the top level
+
+
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 LEVELS = {"intra": (5e-6, 20e9), "inter": (30e-6, 50e6), "inter2": (60e-6, 25e6)}
 
