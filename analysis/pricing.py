@@ -104,9 +104,14 @@ class Pricer:
         traffic_s = elements * self.itemsize / self.copy_bytes_per_s
         return self.compute_latency_s + max(flops / self.flops_per_s, traffic_s)
 
+    def traffic_seconds(self, elements: float) -> float:
+        """One memory-bound call that reads and writes `elements` in all: the copy model's latency plus its bytes
+        at the copy rate."""
+        return self.copy_latency_s + elements * self.itemsize / self.copy_bytes_per_s
+
     def copies_seconds(self, step) -> float:
-        """The local layout copies a redistribution step makes: latency plus bytes read and written each."""
-        return sum(self.copy_latency_s + 2.0 * n * self.itemsize / self.copy_bytes_per_s for n in step.copies)
+        """The local layout copies a redistribution step makes: each a call reading and writing its elements."""
+        return sum(self.traffic_seconds(2.0 * n) for n in step.copies)
 
     def step_seconds(self, step, after: bool = False) -> float:
         """One schedule entry's predicted seconds, as price() counts it; `after`: it follows a local computation

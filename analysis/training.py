@@ -330,8 +330,7 @@ class TrainingPricer:
     def _traffic(self, *kernels: float) -> float:
         """Memory-bound kernels given by the elements each reads and writes: each a call of its own at the
         calibration's copy model, latency plus bytes at the copy rate."""
-        probe = self._probe
-        return sum(probe.copy_latency_s + e * self.itemsize / probe.copy_bytes_per_s for e in kernels)
+        return sum(self._probe.traffic_seconds(e) for e in kernels)
 
     def _accumulate(self, *tensors: float) -> float:
         """One micro-batch's gradients of these parameter tensors (elements each) added into the gradient buffer:
