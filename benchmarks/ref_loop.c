@@ -1,7 +1,7 @@
 /* Reference for benchmarks/overhead.py and ref_main.c: the plainest C timing of ping-pong and allreduce, written
- * apart from commcal's timing loop so the two can be compared. ref_time uses one malloc'd pair (warm);
- * ref_time_slots rotates call i through slot i % slots of `pool`, `stride` bytes apart, the receive buffer
- * `recv_at` bytes past the send buffer (cold buffers, as microbench/buffers.py lays them out). */
+ * apart from commcal's timing loop so the two can be compared. ref_time_slots with no pool uses one malloc'd
+ * pair (warm); with one, it rotates call i through slot i % slots of `pool`, `stride` bytes apart, the receive
+ * buffer `recv_at` bytes past the send buffer (cold buffers, as microbench/buffers.py lays them out). */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +46,4 @@ int ref_time_slots(int which, MPI_Fint fcomm, int bytes, int iters, char *pool, 
     }
     free(own);
     return 0;
-}
-
-int ref_time(int which, MPI_Fint fcomm, int bytes, int iters, double *out)
-{
-    return ref_time_slots(which, fcomm, bytes, iters, NULL, 1, 0, 0, out);
 }
