@@ -26,7 +26,7 @@ from analysis.layers import Elementwise, Layer, Linear, Strategy
 from analysis.mesh import Mesh
 from analysis.models import Model, parse_model
 from analysis.pricing import Pricer
-from analysis.schedules import Schedule
+from analysis.schedules import Schedule, balanced_stages
 from analysis.search import Tables, Tabulator
 from analysis.summary import chain_steps
 from microbench.errors import UsageError
@@ -124,18 +124,6 @@ class Pipeline:
     total_s: float
 
 
-def _stages(times: list[float], p: int) -> tuple[int, ...]:
-    """Layer counts of the p contiguous stages whose slowest is fastest (dynamic programming)."""
-    n = len(times)
-    prefix = np.concatenate([[0.0], np.cumsum(times)])
-    best = {(0, 0): (0.0, ())}
-    for k in range(1, p + 1):
-        for j in range(k, n - (p - k) + 1):
-            best[(k, j)] = min((max(best[(k - 1, i)][0], prefix[j] - prefix[i]), best[(k - 1, i)][1] + (j - i,))
-                               for i in range(k - 1, j) if (k - 1, i) in best)
-    return best[(p, n)][1]
-
-
 def pipeline(spec: str, calibration, mesh: Mesh, micro_batches: int, schedule: Schedule, dtype: str = "float32",
              nics_per_node: int = 1) -> Pipeline:
     """ParaDL's pipeline strategy for model `spec` over all the mesh's devices as stages, in order (one stage per
@@ -154,7 +142,7 @@ def pipeline(spec: str, calibration, mesh: Mesh, micro_batches: int, schedule: S
         raise UsageError(f"pipeline: {len(model.layers)} layers do not make {p} stages")
     one = Tabulator(Pricer(calibration, Mesh((1,), 1), dtype, nics_per_node))
     times = [float(one.options(layer, i > 0).time_s[0]) for i, layer in enumerate(model.layers)]
-    cut = _stages(times, p)
+    cut = balanced_stages(times, p)
     ends = np.cumsum(cut)
     per_stage = [sum(times[e - c:e]) for c, e in zip(cut, ends)]
     pricer = Pricer(calibration, stages, dtype, nics_per_node)

@@ -84,20 +84,38 @@ class Schedule:
         """Seconds from the first pass to the last when every device runs its `order` (play)."""
         return play([self.order(p, m, r) for r in range(p)], self.v, fwd, bwd)
 
-    def problem(self, p: int, m: int, layers: int) -> str | None:
-        """Why the schedule cannot run p stages of `layers` layers with m micro-batches, or None."""
-        if layers % p:
+    def problem(self, p: int, m: int, layers: int, equal: bool = True) -> str | None:
+        """Why the schedule cannot run p stages of `layers` layers with m micro-batches, or None. equal: every stage
+        (and chunk) the same number of layers, as a transformer's; else stages cut by time need a layer each."""
+        if equal and layers % p:
             return f"{layers} layers do not split into {p} equal pipeline stages"
+        if not equal and layers < p * self.v:
+            return f"{layers} layers do not make {p * self.v} pipeline stages"
         if self.name == "interleaved":
             if p == 1:
                 return "the interleaved schedule needs pipeline parallelism (p > 1)"
             if self.v < 2:
                 return "the interleaved schedule needs v >= 2 virtual stages"
-            if (layers // p) % self.v:
+            if equal and (layers // p) % self.v:
                 return f"{layers // p} layers per stage do not split into v={self.v} chunks"
             if m % p:
                 return f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of p={p}"
         return None
+
+
+def balanced_stages(times: list[float], p: int) -> tuple[int, ...]:
+    """Layer counts of the p contiguous stages of a chain whose slowest is fastest (dynamic programming over the
+    layers' seconds)."""
+    n = len(times)
+    prefix = [0.0]
+    for x in times:
+        prefix.append(prefix[-1] + x)
+    best = {(0, 0): (0.0, ())}
+    for k in range(1, p + 1):
+        for j in range(k, n - (p - k) + 1):
+            best[(k, j)] = min((max(best[(k - 1, i)][0], prefix[j] - prefix[i]), best[(k - 1, i)][1] + (j - i,))
+                               for i in range(k - 1, j) if (k - 1, i) in best)
+    return best[(p, n)][1]
 
 
 def play(orders: list[tuple[Pass, ...]], v: int, fwd: float = 1.0, bwd: float = 2.0) -> float:

@@ -1,6 +1,7 @@
-"""A transformer training step under a parallel configuration (tensor t, pipeline p with a schedule, data d with a
-ZeRO stage, micro-batch size and count, sequence parallelism, recomputation, data-parallel overlap), timed and sized
-per device from a calibration. Pure. docs/training.md derives each term; in short:
+"""A training step under a parallel configuration (tensor t, pipeline p with a schedule, data d with a ZeRO stage,
+micro-batch size and count, sequence parallelism, recomputation, data-parallel overlap), timed and sized per device
+from a calibration: what every model kind shares (StepPricer: the step's assembly) and a transformer's own pricing
+(TrainingPricer; chains of layers: analysis.training_chain). Pure. docs/training.md derives each term; in short:
 
 - Devices form the mesh (p, d, t), t fastest (Megatron-LM's order), so the link class each parallel dimension's
   groups span prices its collectives through analysis.pricing (one definition per collective, link sharing
@@ -249,11 +250,36 @@ class _Layer:
         return self.compute + self.rec + self.tp
 
 
-class TrainingPricer:
-    """Prices configurations of one model on one calibration and machine shape (devices, devices per node),
-    caching what configurations share: a pricer per (t, p, d), a layer's times per (t, mb, sp, recompute)."""
+@dataclass(frozen=True)
+class StageTimes:
+    """What a step's assembly needs of a model's pipeline stages, per micro-batch: the slowest device's seconds
+    (compute, recomputation, tensor-parallel communication), the mean device's (the bubble's unit), the forward and
+    backward windows data-parallel collectives may hide behind, the pipeline message's bytes per device, the
+    parameters per device (the device holding most) and the layers per device (host MPI's per-layer all-reduces)."""
 
-    def __init__(self, calibration, model: Transformer, devices: int, gpus_per_node: int, dtype: str,
+    compute: float
+    recompute: float
+    tp: float
+    mean: float
+    fwd: float
+    bwd: float
+    message_bytes: float
+    params: float
+    layers: int
+
+    @property
+    def slowest(self) -> float:
+        return self.compute + self.recompute + self.tp
+
+
+class StepPricer:
+    """What pricing a training step shares across model kinds: the machine (calibration, devices, devices per node,
+    dtype, memory), a pricer per mesh (p, d, t), the step's assembly from a model's StageTimes (pipeline messages,
+    bubble, data-parallel and ZeRO collectives, optimizer) and the parameter memory by ZeRO stage. A subclass says
+    why a configuration cannot run (`problem`), what its stages cost (`_stage_times`), its parameters per device
+    (`stage_params`) and its activation bytes per device (`activations`)."""
+
+    def __init__(self, calibration, model, devices: int, gpus_per_node: int, dtype: str,
                  nics_per_node: int = 1, memory_bytes: float | None = None, terms: Terms = Terms(),
                  mixed: bool = True):
         if devices < 1 or gpus_per_node < 1:
@@ -282,7 +308,6 @@ class TrainingPricer:
         its per-layer all-reduces each pay their latency at the final wait."""
         self._wave = calibration.gemm_wave(dtype)
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
-        self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
         self._comms: dict[tuple, float] = {}
         self._dims: dict[tuple, dict[str, str]] = {}
 
@@ -302,6 +327,115 @@ class TrainingPricer:
         if key not in self._comms:
             self._comms[key] = float(pricer.seconds(op, AXES[dim], [nbytes])[0])
         return self._comms[key]
+
+    def _traffic(self, *kernels: float) -> float:
+        """Memory-bound kernels given by the elements each reads and writes: each a call of its own at the
+        calibration's copy model, latency plus bytes at the copy rate."""
+        return sum(self._probe.traffic_seconds(e) for e in kernels)
+
+    def micro_batches(self, c: Config) -> int:
+        """m = the global batch / (d x micro-batch size); 0 where it does not divide."""
+        per = c.d * c.micro_batch
+        return 0 if self.model.batch % per else self.model.batch // per
+
+    def memory(self, c: Config, m: int) -> Memory:
+        P = self.stage_params(c)
+        shard = lambda stage: c.d if c.zero >= stage else 1  # noqa: E731
+        return Memory(P * self.param_bytes / shard(3), P * self.grad_bytes / shard(2),
+                      P * self.optimizer_bytes / shard(1), self.activations(c, m))
+
+    def price(self, c: Config) -> Step:
+        """The predicted step of configuration c (infeasible ones carry their reason, and memory where known)."""
+        reason = self.problem(c)
+        m = self.micro_batches(c)
+        if reason:
+            return Step(c, m, reason=reason)
+        mem = self.memory(c, m)
+        if self.memory_bytes is not None and mem.total > self.memory_bytes:
+            return Step(c, m, memory=mem, reason=f"needs {mem.total / 2**30:.1f} GiB per device (activations "
+                        f"{mem.activations / 2**30:.1f} GiB), over the device's {self.memory_bytes / 2**30:.1f} GiB")
+        st = self._stage_times(c)
+        pricer = self.pricer(c.t, c.p, c.d)
+        pp = 0.0 if c.p == 1 else (c.schedule.messages(c.p, m) * self._message(c, pricer, st.message_bytes)
+                                   + self._tied(c, pricer))
+        dp_total, dp_exposed = self._dp(c, m, pricer, st)
+        handled = st.params / (c.d if c.zero >= 1 else 1)
+        per_param = OPTIMIZER_TRAFFIC_BYTES if self.terms.optimizer_passes and self.mixed else ADAM_TRAFFIC_BYTES
+        optimizer = self._traffic(handled * per_param / self.itemsize)
+        bubble = c.schedule.bubble_slots(c.p) * st.mean
+        total = m * st.slowest + bubble + pp + dp_exposed + optimizer
+        return Step(c, m, total, m * st.compute, m * st.recompute, m * st.tp, pp, bubble, dp_exposed,
+                    dp_total - dp_exposed, optimizer, mem, self._links(c, pricer))
+
+    def _tied(self, c: Config, pricer: Pricer) -> float:
+        """Seconds the pipeline adds beyond its messages (none here; the transformer's tied embedding)."""
+        return 0.0
+
+    def _message(self, c: Config, pricer: Pricer, nbytes: float) -> float:
+        """One pipeline message: 1/t of the activation each way between stages, then (without SP, whose
+        activations are already split) the receiving stage's all-gather of the whole (Megatron's scatter/gather)."""
+        gather = c.t > 1 and not c.sp and self.terms.pp_gather
+        return self._comm(pricer, "pingpong", "pp", nbytes) + (
+            self._comm(pricer, "allgather", "tp", nbytes * c.t) if gather else 0.0)
+
+    def _links(self, c: Config, pricer: Pricer) -> dict[str, str]:
+        """The link class each parallel dimension of c communicates on (after fallback), remembered per mesh."""
+        key = (id(pricer), c.sp, c.zero == 0)
+        if key not in self._dims:
+            self._dims[key] = {dim: self._link(pricer, op, dim) for dim, op, used in (
+                ("tp", "reduce_scatter" if c.sp else "allreduce", c.t > 1), ("pp", "pingpong", c.p > 1),
+                ("dp", "allreduce" if c.zero == 0 else "reduce_scatter", c.d > 1)) if used}
+        return dict(self._dims[key])
+
+    def _link(self, pricer: Pricer, op: str, dim: str) -> str:
+        wanted = pricer.mesh.axes[AXES[dim]].link
+        used = pricer.link(op, AXES[dim])
+        return wanted if used == wanted else f"{wanted} (priced as {used})"
+
+    def _dp(self, c: Config, m: int, pricer: Pricer, st: StageTimes) -> tuple[float, float]:
+        """(all, exposed) seconds of the data-parallel collectives of a step. The gradient reduction of the last
+        micro-batch hides behind its backward pass, ZeRO 1/2's parameter all-gather behind the next step's first
+        forward, ZeRO 3's per-micro-batch gathers and reductions behind each forward and backward; without
+        overlap everything is exposed."""
+        if c.d == 1:
+            return 0.0, 0.0
+        P, fwd, bwd = st.params, st.fwd, st.bwd
+        grads, params = P * self.grad_bytes, P * self.param_bytes
+        comm = lambda op, nbytes: self._comm(pricer, op, "dp", nbytes)  # noqa: E731
+        overlaps = c.dp_overlap and self.async_progress
+        hidden = (lambda s, window: max(0.0, s - window)) if overlaps else (lambda s, window: s)  # noqa: E731
+        if c.zero == 0:
+            if c.dp_overlap and not self.async_progress:     # one all-reduce per layer, all run at the final wait
+                n = max(1, st.layers)
+                s = n * comm("allreduce", grads / n)
+                return s, s
+            s = comm("allreduce", grads)
+            return s, hidden(s, bwd)
+        rs, ag = comm("reduce_scatter", grads), comm("allgather", params)
+        if c.zero == 1:
+            return rs + ag, hidden(rs, bwd) + hidden(ag, fwd)
+        if c.zero == 2:
+            return m * rs + ag, m * hidden(rs, bwd) + hidden(ag, fwd)
+        return m * (2 * ag + rs), m * (hidden(ag, fwd) + hidden(ag + rs, bwd))
+
+    def fallbacks(self):
+        """Every collective priced by another link class's models, over all pricers used."""
+        seen = {}
+        for pricer in self._pricers.values():
+            for f in pricer.fallbacks():
+                seen[(f.op, f.axis, f.wanted, f.used)] = f
+        return list(seen.values())
+
+
+class TrainingPricer(StepPricer):
+    """Prices configurations of a transformer, caching what configurations share: a pricer per (t, p, d), a layer's
+    times per (t, mb, sp, recompute)."""
+
+    def __init__(self, calibration, model: Transformer, devices: int, gpus_per_node: int, dtype: str,
+                 nics_per_node: int = 1, memory_bytes: float | None = None, terms: Terms = Terms(),
+                 mixed: bool = True):
+        super().__init__(calibration, model, devices, gpus_per_node, dtype, nics_per_node, memory_bytes, terms, mixed)
+        self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
 
     def _gemms(self, shapes, backward: bool = False) -> float:
         """Seconds of GEMMs given as (batch, m, n, k): each call at the calibration's GEMM model (latency plus flops
@@ -326,11 +460,6 @@ class TrainingPricer:
             slots = math.ceil(bt * -(-m // tm) * -(-n // tn) / per_wave) * per_wave * tm * tn
             best = max(best, bt * m * n / slots)
         return best
-
-    def _traffic(self, *kernels: float) -> float:
-        """Memory-bound kernels given by the elements each reads and writes: each a call of its own at the
-        calibration's copy model, latency plus bytes at the copy rate."""
-        return sum(self._probe.traffic_seconds(e) for e in kernels)
 
     def _accumulate(self, *tensors: float) -> float:
         """One micro-batch's gradients of these parameter tensors (elements each) added into the gradient buffer:
@@ -430,15 +559,27 @@ class TrainingPricer:
         core = 0.0 if recompute == "selective" else attn
         return sbh * (34 + core) / c.t if c.sp else sbh * (10 + (24 + core) / c.t)
 
-    def memory(self, c: Config, m: int) -> Memory:
-        P = self.stage_params(c)
-        shard = lambda stage: c.d if c.zero >= stage else 1  # noqa: E731
-        per_layer = self.activation_bytes(c)
-        acts = self.model.layers // c.p * per_layer * c.schedule.in_flight(c.p, m)
-        if c.recompute == "full":        # the one layer being recomputed holds all its activations
+    def _stage_times(self, c: Config) -> StageTimes:
+        """The slowest stage: n layers and the embedding (first) or the output layer (last), both with p = 1."""
+        layer, embed, head = self._layers_of(c)
+        n = self.model.layers // c.p
+        if c.p == 1:
+            extras = [embed, head]
+        else:
+            extras = [embed if n * layer.total + embed.total >= n * layer.total + head.total else head]
+        m = self.model
+        return StageTimes(n * layer.compute + sum(x.compute for x in extras), n * layer.rec,
+                          n * layer.tp + sum(x.tp for x in extras), n * layer.total + (embed.total + head.total) / c.p,
+                          n * layer.fwd + embed.fwd, n * layer.bwd + embed.bwd,
+                          m.seq * c.micro_batch * m.hidden * self.itemsize / c.t, self.stage_params(c), n)
+
+    def activations(self, c: Config, m: int) -> float:
+        """The first stage's activation bytes: its layers' by activation_bytes, times the schedule's in-flight
+        micro-batches; with full recomputation also the one layer being recomputed, which holds all of its own."""
+        acts = self.model.layers // c.p * self.activation_bytes(c) * c.schedule.in_flight(c.p, m)
+        if c.recompute == "full":
             acts += self.activation_bytes(c, "none")
-        return Memory(P * self.param_bytes / shard(3), P * self.grad_bytes / shard(2),
-                      P * self.optimizer_bytes / shard(1), acts)
+        return acts
 
     def problem(self, c: Config) -> str | None:
         """Why configuration c cannot run this model on these devices (before memory), or None."""
@@ -455,46 +596,9 @@ class TrainingPricer:
             return "ZeRO shards across data parallelism: it needs d > 1"
         return c.schedule.problem(c.p, m.batch // (c.d * c.micro_batch), m.layers)
 
-    def price(self, c: Config) -> Step:
-        """The predicted step of configuration c (infeasible ones carry their reason, and memory where known)."""
-        reason = self.problem(c)
-        m = self.model.batch // (c.d * c.micro_batch) if not self.model.batch % (c.d * c.micro_batch) else 0
-        if reason:
-            return Step(c, m, reason=reason)
-        mem = self.memory(c, m)
-        if self.memory_bytes is not None and mem.total > self.memory_bytes:
-            return Step(c, m, memory=mem, reason=f"needs {mem.total / 2**30:.1f} GiB per device (activations "
-                        f"{mem.activations / 2**30:.1f} GiB), over the device's {self.memory_bytes / 2**30:.1f} GiB")
-        layer, embed, head = self._layers_of(c)
-        n = self.model.layers // c.p
-        first = n * layer.total + embed.total
-        last = n * layer.total + head.total
-        slow, extra = ((first, embed) if first >= last else (last, head)) if c.p > 1 else (first + head.total, None)
-        extras = [embed, head] if c.p == 1 else [extra]
-        stage_avg = n * layer.total + (embed.total + head.total) / c.p
-        pricer = self.pricer(c.t, c.p, c.d)
-        message = self.model.seq * c.micro_batch * self.model.hidden * self.itemsize / c.t
-        pp = 0.0 if c.p == 1 else (c.schedule.messages(c.p, m) * self._message(c, pricer, message)
-                                   + self._tied(c, pricer))
-        dp_total, dp_exposed = self._dp(c, m, pricer, n * layer.fwd + embed.fwd, n * layer.bwd + embed.bwd)
-        handled = self.stage_params(c) / (c.d if c.zero >= 1 else 1)
-        per_param = OPTIMIZER_TRAFFIC_BYTES if self.terms.optimizer_passes and self.mixed else ADAM_TRAFFIC_BYTES
-        optimizer = self._traffic(handled * per_param / self.itemsize)
-        bubble = c.schedule.bubble_slots(c.p) * stage_avg
-        compute = m * (n * layer.compute + sum(x.compute for x in extras))
-        recompute = m * n * layer.rec
-        tp = m * (n * layer.tp + sum(x.tp for x in extras))
-        total = m * slow + bubble + pp + dp_exposed + optimizer
-        links = self._links(c, pricer)
-        return Step(c, m, total, compute, recompute, tp, pp, bubble, dp_exposed, dp_total - dp_exposed, optimizer,
-                    mem, links)
-
-    def _message(self, c: Config, pricer: Pricer, nbytes: float) -> float:
-        """One pipeline message: 1/t of the activation each way between stages, then (without SP, whose
-        activations are already split) the receiving stage's all-gather of the whole (Megatron's scatter/gather)."""
-        gather = c.t > 1 and not c.sp and self.terms.pp_gather
-        return self._comm(pricer, "pingpong", "pp", nbytes) + (
-            self._comm(pricer, "allgather", "tp", nbytes * c.t) if gather else 0.0)
+    def space(self, max_micro_batch: int = 8, max_v: int = 8):
+        """This model's configurations worth pricing on these devices (module function `space`)."""
+        return space(self.model, self.devices, max_micro_batch, max_v)
 
     def _tied(self, c: Config, pricer: Pricer) -> float:
         """The word embedding's gradient (the first and last stage each hold the tied copy) all-reduced by the two
@@ -508,54 +612,6 @@ class TrainingPricer:
             self._comms[key] = math.inf if link is None else float(self.cal.predict_seconds(
                 "allreduce", link, 2, [nbytes * pricer.sharing(link, AXES["pp"])])[0])
         return self._comms[key]
-
-    def _links(self, c: Config, pricer: Pricer) -> dict[str, str]:
-        """The link class each parallel dimension of c communicates on (after fallback), remembered per mesh."""
-        key = (id(pricer), c.sp, c.zero == 0)
-        if key not in self._dims:
-            self._dims[key] = {dim: self._link(pricer, op, dim) for dim, op, used in (
-                ("tp", "reduce_scatter" if c.sp else "allreduce", c.t > 1), ("pp", "pingpong", c.p > 1),
-                ("dp", "allreduce" if c.zero == 0 else "reduce_scatter", c.d > 1)) if used}
-        return dict(self._dims[key])
-
-    def _link(self, pricer: Pricer, op: str, dim: str) -> str:
-        wanted = pricer.mesh.axes[AXES[dim]].link
-        used = pricer.link(op, AXES[dim])
-        return wanted if used == wanted else f"{wanted} (priced as {used})"
-
-    def _dp(self, c: Config, m: int, pricer: Pricer, fwd: float, bwd: float) -> tuple[float, float]:
-        """(all, exposed) seconds of the data-parallel collectives of a step. The gradient reduction of the last
-        micro-batch hides behind its backward pass, ZeRO 1/2's parameter all-gather behind the next step's first
-        forward, ZeRO 3's per-micro-batch gathers and reductions behind each forward and backward; without
-        overlap everything is exposed."""
-        if c.d == 1:
-            return 0.0, 0.0
-        P = self.stage_params(c)
-        grads, params = P * self.grad_bytes, P * self.param_bytes
-        comm = lambda op, nbytes: self._comm(pricer, op, "dp", nbytes)  # noqa: E731
-        overlaps = c.dp_overlap and self.async_progress
-        hidden = (lambda s, window: max(0.0, s - window)) if overlaps else (lambda s, window: s)  # noqa: E731
-        if c.zero == 0:
-            if c.dp_overlap and not self.async_progress:     # one all-reduce per layer, all run at the final wait
-                n = max(1, self.model.layers // c.p)
-                s = n * comm("allreduce", grads / n)
-                return s, s
-            s = comm("allreduce", grads)
-            return s, hidden(s, bwd)
-        rs, ag = comm("reduce_scatter", grads), comm("allgather", params)
-        if c.zero == 1:
-            return rs + ag, hidden(rs, bwd) + hidden(ag, fwd)
-        if c.zero == 2:
-            return m * rs + ag, m * hidden(rs, bwd) + hidden(ag, fwd)
-        return m * (2 * ag + rs), m * (hidden(ag, fwd) + hidden(ag + rs, bwd))
-
-    def fallbacks(self):
-        """Every collective priced by another link class's models, over all pricers used."""
-        seen = {}
-        for pricer in self._pricers.values():
-            for f in pricer.fallbacks():
-                seen[(f.op, f.axis, f.wanted, f.used)] = f
-        return list(seen.values())
 
 
 def divisors(n: int, upto: int | None = None) -> list[int]:

@@ -9,7 +9,9 @@ import json
 import time
 
 from analysis.options import fmt_bytes, fmt_s, nics_per_node, report_fallbacks
-from analysis.training import Step, TrainingPricer, Transformer, parse_config, space
+from analysis.models import parse_spec
+from analysis.training import Step, StepPricer, TrainingPricer, Transformer, parse_config
+from analysis.training_chain import Chain, ChainTrainingPricer
 from microbench.errors import UsageError
 from microbench.sizes import parse_size
 
@@ -17,8 +19,9 @@ from microbench.sizes import parse_size
 def add_training_arguments(p: argparse.ArgumentParser, predict: bool) -> None:
     g = p.add_argument_group("training step (pipeline, tensor and data parallelism, ZeRO, SP, recomputation)")
     if predict:
-        g.add_argument("--model", default=None, help="transformer preset or spec, e.g. gpt3-175b or "
-                       "transformer:d=6144,heads=64,layers=48,seq=2048,batch=4,vocab=51200")
+        g.add_argument("--model", default=None, help="model preset or spec: a transformer (e.g. gpt3-175b or "
+                       "transformer:d=6144,heads=64,layers=48,seq=2048,batch=4,vocab=51200) or a chain of layers "
+                       "(e.g. vgg13, vgg-small, mlp:batch=512)")
         g.add_argument("--config", default=None, help="e.g. t=8,p=8,d=16,mb=1,schedule=interleaved,v=3,zero=1,sp=1,"
                        "recompute=selective,overlap=1")
     else:
@@ -27,18 +30,21 @@ def add_training_arguments(p: argparse.ArgumentParser, predict: bool) -> None:
                    "step instead of a layer mesh)")
 
 
-def pricer_of(args: argparse.Namespace, calibration) -> TrainingPricer:
-    """The training pricer the flags describe; the device memory is --memory-cap, else the calibration's."""
+def pricer_of(args: argparse.Namespace, calibration) -> StepPricer:
+    """The training pricer the flags describe (a transformer's, else a chain's); the device memory is --memory-cap,
+    else the calibration's."""
     if args.devices is None or args.gpus_per_node is None:
         raise UsageError("a training step needs --devices and --gpus-per-node")
-    model = Transformer.parse(args.model)
     dtype = args.dtype or max(calibration.result.gemm, key=lambda d: calibration.result.gemm[d].flops_per_s,
                               default="float32")
     cap = parse_size(args.memory_cap) if getattr(args, "memory_cap", None) else calibration.memory_bytes()
-    return TrainingPricer(calibration, model, args.devices, args.gpus_per_node, dtype, nics_per_node(args), cap)
+    transformer = parse_spec(args.model)[0] == "transformer"
+    model = Transformer.parse(args.model) if transformer else Chain.parse(args.model, dtype)
+    cls = TrainingPricer if transformer else ChainTrainingPricer
+    return cls(calibration, model, args.devices, args.gpus_per_node, dtype, nics_per_node(args), cap)
 
 
-def _head(tp: TrainingPricer, calibration, path: str) -> dict:
+def _head(tp: StepPricer, calibration, path: str) -> dict:
     spec = calibration.spec()
     m = tp.model
     return {"model": m.name, "parameters": m.params, "devices": tp.devices, "gpus_per_node": tp.gpus_per_node,
@@ -74,7 +80,7 @@ def run_search(args: argparse.Namespace, calibration) -> int:
         raise UsageError("--max-micro-batch must be at least 1")
     tp = pricer_of(args, calibration)
     t0 = time.perf_counter()
-    steps = [tp.price(c) for c in space(tp.model, tp.devices, args.max_micro_batch)]
+    steps = [tp.price(c) for c in tp.space(args.max_micro_batch)]
     elapsed = time.perf_counter() - t0
     ok = sorted((s for s in steps if s.feasible), key=lambda s: s.total_s)
     over = sum(1 for s in steps if not s.feasible and s.memory is not None)

@@ -143,8 +143,6 @@ def test_search_and_predict_cli(tmp_path, capsys):
     assert code == 0 and "coordinate descent" in out       # the SBP search is still there
     for args, words in ((["search", str(spec), "--model", GPT, "--devices", "8"], "--mesh"),
                         (["search", str(spec), "--model", GPT, "--devices", "6", "--gpus-per-node", "4"], "fill"),
-                        (["search", str(spec), "--model", "vgg13", "--devices", "8", "--gpus-per-node", "4"],
-                         "transformers"),
                         (["predict", str(spec), "--model", GPT, "--devices", "8", "--gpus-per-node", "4",
                           "--config", "t=3,p=1,d=1,mb=1"], "cannot run"),
                         (["predict", str(spec), "--model", GPT, "--devices", "8", "--gpus-per-node", "4",
