@@ -1,6 +1,13 @@
-"""`sbatch slurm/scan.sh` on a 4-node local cluster whose node3 alone has a slower link: the scan must name node3
-and no other node, flag exactly node3's pairs, and measure the other pairs at the payload share of the tbf rate.
-Needs what tests/test_cluster.py needs (root, iproute2, Slurm); its own cluster, brought down at the end."""
+"""`sbatch slurm/scan.sh` on a 3-node local cluster whose node3 alone has a slower link: the scan must name node3
+and no other node, flag exactly node3's pairs, and measure every pair within 5% of the payload share of its tbf
+rates. Needs what tests/test_cluster.py needs (root, iproute2, Slurm); its own cluster, brought down at the end.
+
+Three nodes, not four: the scan runs disjoint pairs at once, and with four nodes two pairs' four ranks (each
+polling while it waits) share this host's two vCPUs, which no real cluster's nodes do. Measured on this host
+(2026-11-26, docs/results.md "The scan beside other pairs"): beside a second pair, healthy pairs read -0.3% to
+-5.4% of the rate (18 readings, mean -2.3%; the CI of 2026-11-26 failed at -5.4%); one pair at a time, +1.1% to
++1.4% (12 readings: the tbf burst of 64 KiB per message). Concurrent rounds are exercised by
+tests/test_cluster_racks.py's scan of four nodes in two racks."""
 
 from __future__ import annotations
 
@@ -15,24 +22,23 @@ from test_cluster import EXPECTED_BPS, RATE_MBIT, brought_up
 
 pytestmark = pytest.mark.cluster
 
-NODES = ("node1", "node2", "node3", "node4")
+NODES = ("node1", "node2", "node3")
 SLOW, SLOW_MBIT = "node3", 150
 SLOW_BPS = EXPECTED_BPS * SLOW_MBIT / RATE_MBIT
 PAIR_WITH_SLOW_BPS = 2 / (1 / SLOW_BPS + 1 / EXPECTED_BPS)
 """A ping-pong's message crosses node3's link one way and its partner's the other: half the round trip moves the
 message at the harmonic mean of the two rates."""
-SCAN_ARGS = "--node-tolerance 0.9 --latency-tolerance 1.0 --rounds 2"
+SCAN_ARGS = "--node-tolerance 0.9 --latency-tolerance 1.0"
 """The local cluster's nodes share this host's two cores and its memory with each other and with other jobs: their
 copy and GEMM rates vary with its scheduling (one node's copy at a fifth of the others' was seen), and so do 8-byte
 latencies over veth (9 to 460 us between healthy nodes; once a healthy node's score at 1.5x the reference), which
 the scan would rightly call slow. The test judges the network's bandwidth: a node check flags only below a tenth of
-the reference, a latency only above twice it. Two passes over the schedule, pooled: one pass of about five 4 MiB
-samples a pair once read a healthy pair 12% low while the pairs ran beside each other on the shared cores."""
+the reference, a latency only above twice it."""
 
 
 @pytest.fixture(scope="module")
-def cluster4(tmp_path_factory):
-    with brought_up(tmp_path_factory, "cluster4", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit",
+def cluster3(tmp_path_factory):
+    with brought_up(tmp_path_factory, "cluster3", "--nodes", str(len(NODES)), "--rate", f"{RATE_MBIT}mbit",
                        "--cpus", "1") as c:
         yield c
 
@@ -49,15 +55,15 @@ def scan_job(cluster, out, name: str) -> str:
     return log
 
 
-def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
-    bad = cluster4.run("rate", "node9", "150mbit", check=False)
+def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster3):
+    bad = cluster3.run("rate", "node9", "150mbit", check=False)
     assert bad.returncode != 0 and "unknown node" in bad.stderr, bad
-    cluster4.run("rate", SLOW, f"{SLOW_MBIT}mbit")
-    qdisc = cluster4.run("exec", SLOW, "tc", "qdisc", "show", "dev", "eth0").stdout
+    cluster3.run("rate", SLOW, f"{SLOW_MBIT}mbit")
+    qdisc = cluster3.run("exec", SLOW, "tc", "qdisc", "show", "dev", "eth0").stdout
     assert f"{SLOW_MBIT}Mbit" in qdisc, qdisc
-    out = cluster4.work / "scans"
+    out = cluster3.work / "scans"
     t0 = time.monotonic()
-    log = scan_job(cluster4, out, "s")
+    log = scan_job(cluster3, out, "s")
     print(f"scan job: {time.monotonic() - t0:.1f} s")
     scan = read_scan(out / "s")
     assert scan.nodes == list(NODES)
@@ -79,16 +85,14 @@ def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster4):
     html = (out / "s" / "report" / "report.html").read_text()
     assert f"Slow nodes: {SLOW} (bandwidth" in html
     # node3's link restored: a second scan finds every pair at the rate and node3 no longer slow
-    cluster4.run("rate", SLOW, f"{RATE_MBIT}mbit")
-    log = scan_job(cluster4, out, "h")
+    cluster3.run("rate", SLOW, f"{RATE_MBIT}mbit")
+    log = scan_job(cluster3, out, "h")
     healthy = read_scan(out / "h")
     assert {v.metric: v for v in healthy.verdicts()}["bandwidth"].slow_nodes == ()
     assert SLOW not in healthy.flagged_nodes(), log
     restored = healthy.pair_values(healthy.bandwidth_size, "rate")
     print("restored: " + ", ".join(f"{a}-{b} {bps / EXPECTED_BPS - 1:+.1%}" for (a, b), bps in sorted(restored.items())))
-    # every pair back at the rate; 10%, not 5%: one scan of 10 samples a pair, on a host shared with other jobs,
-    # put a pair 6% low (a slowed node's pairs are 45% low)
-    assert all(abs(bps / EXPECTED_BPS - 1) <= 0.10 for bps in restored.values()), restored
+    assert all(abs(bps / EXPECTED_BPS - 1) <= 0.05 for bps in restored.values()), restored
     back = run_cli(["diff", str(out / "h"), str(out / "s"), "--check"])
     assert back.returncode == 1 and f"newly slow nodes: {SLOW}" in back.stdout, back.stdout + back.stderr
     fixed = run_cli(["diff", str(out / "s"), str(out / "h")])
