@@ -4,9 +4,9 @@ rates. Needs what tests/test_cluster.py needs (root, iproute2, Slurm); its own c
 
 Three nodes, not four: the scan runs disjoint pairs at once, and with four nodes two pairs' four ranks (each
 polling while it waits) share this host's two vCPUs, which no real cluster's nodes do. Measured on this host
-(2026-11-26, docs/results.md "The scan beside other pairs"): beside a second pair, healthy pairs read -0.3% to
--5.4% of the rate (18 readings, mean -2.3%; the CI of 2026-11-26 failed at -5.4%); one pair at a time, +1.1% to
-+1.4% (12 readings: the tbf burst of 64 KiB per message). Concurrent rounds are exercised by
+(2026-11-26, docs/results.md "The scan beside other pairs"): beside a second pair, healthy pairs read +0.3% to
+-4.7% of the rate (18 readings, mean -2.0%; two test runs -2.6% to -5.4%, the CI failing at -5.4%); one pair at a
+time, +1.1% to +1.4% (12 readings: the tbf burst of 64 KiB per message). Concurrent rounds are exercised by
 tests/test_cluster_racks.py's scan of four nodes in two racks."""
 
 from __future__ import annotations
