@@ -17,7 +17,7 @@ Pure. docs/training.md, "Chain models", derives each part; in short:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from analysis.layers import Layer, Strategy
 from analysis.mesh import Mesh
@@ -161,19 +161,20 @@ class ChainTrainingPricer(StepPricer):
             chunks.append(tuple(range(start, start + count)))
             start += count
         devices = tuple(tuple(chunks[k] for k in range(r, len(chunks), c.p)) for r in range(c.p))
-        per = []
-        for dev in devices:
-            mine = [costs[i] for chunk in dev for i in chunk]
-            comp = sum(x.fwd_compute + x.bwd_compute for x in mine)
-            tp = sum(x.fwd_comm + x.bwd_comm for x in mine)
-            rec = sum(x.fwd_compute for x in mine) if full else 0.0
-            tp += sum(x.fwd_comm for x in mine) if full else 0.0
-            per.append((comp + rec + tp, comp, rec, tp, sum(x.fwd for x in mine), sum(x.bwd for x in mine),
-                        sum(x.weights for x in mine), len(mine)))
-        slow = max(per)
+        per = [self._device([costs[i] for chunk in dev for i in chunk], full) for dev in devices]
+        slow = max(per, key=lambda st: st.slowest)
         boundary = max((costs[chunk[-1]].out_bytes for chunk in chunks[:-1]), default=0)
-        return Cut(devices, StageTimes(slow[1], slow[2], slow[3], sum(x[0] for x in per) / c.p, slow[4], slow[5],
-                                       boundary / c.t, max(x[6] for x in per), max(x[7] for x in per)))
+        return Cut(devices, replace(slow, mean=sum(st.slowest for st in per) / c.p, message_bytes=boundary / c.t,
+                                    params=max(st.params for st in per), layers=max(st.layers for st in per)))
+
+    @staticmethod
+    def _device(mine: list[LayerCost], full: bool) -> StageTimes:
+        """One device's layers per micro-batch (full recomputation: their forward again, compute and communication)."""
+        fwd_comp, fwd_comm = sum(x.fwd_compute for x in mine), sum(x.fwd_comm for x in mine)
+        return StageTimes(fwd_comp + sum(x.bwd_compute for x in mine), fwd_comp if full else 0.0,
+                          fwd_comm * (2 if full else 1) + sum(x.bwd_comm for x in mine), 0.0,
+                          sum(x.fwd for x in mine), sum(x.bwd for x in mine), 0.0, sum(x.weights for x in mine),
+                          len(mine))
 
     def stage_params(self, c: Config) -> float:
         return self.cut(c).times.params
