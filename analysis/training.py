@@ -227,8 +227,9 @@ class Step:
 
 
 @dataclass(frozen=True)
-class _Layer:
-    """One layer and one micro-batch on one device: seconds of each pass and its tensor-parallel collectives."""
+class LayerTimes:
+    """One layer and one micro-batch on one device: seconds of each pass (forward, backward, recomputation) and of its
+    tensor-parallel communication in each."""
 
     fwd: float
     bwd: float
@@ -435,7 +436,7 @@ class TrainingPricer(StepPricer):
                  nics_per_node: int = 1, memory_bytes: float | None = None, terms: Terms = Terms(),
                  mixed: bool = True):
         super().__init__(calibration, model, devices, gpus_per_node, dtype, nics_per_node, memory_bytes, terms, mixed)
-        self._layers: dict[tuple, tuple[_Layer, _Layer, _Layer]] = {}
+        self._layers: dict[tuple, tuple[LayerTimes, LayerTimes, LayerTimes]] = {}
 
     def _gemms(self, shapes, backward: bool = False) -> float:
         """Seconds of GEMMs given as (batch, m, n, k): each call at the calibration's GEMM model (latency plus flops
@@ -476,14 +477,14 @@ class TrainingPricer(StepPricer):
         per = logits / self.itemsize
         return self._traffic(*(b * per for b in (6, 4, 8, 8, 4, 8))), self._traffic(8 * per, 6 * per)
 
-    def _layers_of(self, c: Config) -> tuple[_Layer, _Layer, _Layer]:
+    def _layers_of(self, c: Config) -> tuple[LayerTimes, LayerTimes, LayerTimes]:
         """(a transformer layer, the first stage's embedding, the last stage's output layer) for one micro-batch."""
         key = (c.t, c.p, c.d, c.micro_batch, c.sp, c.recompute)
         if key not in self._layers:
             self._layers[key] = self._price_layers(c)
         return self._layers[key]
 
-    def _price_layers(self, c: Config) -> tuple[_Layer, _Layer, _Layer]:
+    def _price_layers(self, c: Config) -> tuple[LayerTimes, LayerTimes, LayerTimes]:
         m, t, b = self.model, c.t, c.micro_batch
         s, h, a, f, V = m.seq, m.hidden, m.heads, m.ffn, m.vocab
         tokens, hd = b * s, h // a
@@ -507,14 +508,14 @@ class TrainingPricer(StepPricer):
         else:
             tp_fwd = 2 * self._comm(pricer, "allreduce", "tp", act)
         regather = 2 * self._comm(pricer, "allgather", "tp", act) if c.sp and self.terms.sp_regather else 0.0
-        layer = _Layer(fwd, bwd, rec, tp_fwd, tp_fwd + regather, tp_fwd if c.recompute == "full" else 0.0)
+        layer = LayerTimes(fwd, bwd, rec, tp_fwd, tp_fwd + regather, tp_fwd if c.recompute == "full" else 0.0)
         one_way = 0.0 if t == 1 else self._comm(pricer, "reduce_scatter" if c.sp else "allreduce", "tp", act)
-        embed = _Layer(traffic(2 * tokens * h), traffic(2 * tokens * h) + self._accumulate(V * h / t, s * h),
+        embed = LayerTimes(traffic(2 * tokens * h), traffic(2 * tokens * h) + self._accumulate(V * h / t, s * h),
                        0.0, one_way, 0.0, 0.0)
         logits = [(1, tokens, V // t, h)]
         gather = 0.0 if not (t > 1 and c.sp) else self._comm(pricer, "allgather", "tp", act)
         loss_fwd, loss_bwd = self._loss(tokens * V / t)
-        head = _Layer(gemms(logits) + loss_fwd + traffic(2 * hs),
+        head = LayerTimes(gemms(logits) + loss_fwd + traffic(2 * hs),
                       gemms(logits, backward=True) + loss_bwd + self._accumulate(V * h / t), 0.0, gather, gather, 0.0)
         return layer, embed, head
 
@@ -618,28 +619,40 @@ def divisors(n: int, upto: int | None = None) -> list[int]:
     return [k for k in range(1, (upto or n) + 1) if n % k == 0]
 
 
+def pipeline_schedules(p: int, vs) -> list[Schedule]:
+    """The schedules a pipeline of p stages may run: 1F1B alone without one, else GPipe, 1F1B and interleaved 1F1B
+    with each v of `vs` above 1."""
+    if p == 1:
+        return [Schedule("1f1b")]
+    return [Schedule("gpipe"), Schedule("1f1b")] + [Schedule("interleaved", v) for v in vs if v > 1]
+
+
+def configurations(devices: int, batch: int, shapes, max_micro_batch: int, sp: bool, recomputes):
+    """Every configuration of each (t, p, schedules) in `shapes`, d = devices / (t p) dividing the global batch:
+    micro-batches dividing the per-replica batch (up to max_micro_batch), each schedule (interleaved where p
+    divides the micro-batch count), ZeRO 0-3 and overlap where d > 1, sequence parallelism (if `sp`) where t > 1,
+    each of `recomputes`."""
+    for t, p, scheds in shapes:
+        d = devices // (t * p)
+        if batch % d:
+            continue
+        for mb in divisors(batch // d, max_micro_batch):
+            m = batch // (d * mb)
+            for sched in scheds:
+                if sched.name == "interleaved" and m % p:
+                    continue
+                for zero in ZERO_STAGES if d > 1 else (0,):
+                    for overlap in (False, True) if d > 1 else (False,):
+                        for on in (False, True) if sp and t > 1 else (False,):
+                            for rc in recomputes:
+                                yield Config(t, p, d, mb, sched, zero, on, rc, overlap)
+
+
 def space(model: Transformer, devices: int, max_micro_batch: int = 8, max_v: int = 8):
     """Every configuration worth pricing: t dividing the heads, p the layers, d the rest; micro-batches dividing
     the per-replica batch (up to max_micro_batch); GPipe, 1F1B and interleaved with v dividing a stage's layers;
     ZeRO 0-3 and overlap where d > 1; sequence parallelism where t > 1; each recomputation."""
-    for t in divisors(devices):
-        if model.heads % t or model.ffn % t:
-            continue
-        for p in divisors(devices // t):
-            if model.layers % p:
-                continue
-            d = devices // (t * p)
-            if model.batch % d:
-                continue
-            scheds = [Schedule("1f1b")] if p == 1 else [Schedule("gpipe"), Schedule("1f1b")] + [
-                Schedule("interleaved", v) for v in divisors(model.layers // p, max_v) if v > 1]
-            for mb in divisors(model.batch // d, max_micro_batch):
-                m = model.batch // (d * mb)
-                for sched in scheds:
-                    if sched.name == "interleaved" and m % p:
-                        continue
-                    for zero in ZERO_STAGES if d > 1 else (0,):
-                        for overlap in (False, True) if d > 1 else (False,):
-                            for sp in (False, True) if t > 1 else (False,):
-                                for rc in RECOMPUTE:
-                                    yield Config(t, p, d, mb, sched, zero, sp, rc, overlap)
+    shapes = ((t, p, pipeline_schedules(p, divisors(model.layers // p, max_v)))
+              for t in divisors(devices) if not (model.heads % t or model.ffn % t)
+              for p in divisors(devices // t) if not model.layers % p)
+    return configurations(devices, model.batch, shapes, max_micro_batch, True, RECOMPUTE)

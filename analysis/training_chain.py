@@ -24,11 +24,12 @@ from analysis.mesh import Mesh
 from analysis.models import Model, parse_model, parse_spec
 from analysis.pricing import Pricer
 from analysis.sbp import local_shape
-from analysis.schedules import Schedule, balanced_stages
+from analysis.schedules import balanced_stages
 from analysis.search import Tabulator, optimum
 from analysis.strategies import Selection
 from analysis.summary import chain_steps
-from analysis.training import RECOMPUTE, ZERO_STAGES, Config, StageTimes, StepPricer, divisors
+from analysis.training import (RECOMPUTE, Config, LayerTimes, StageTimes, StepPricer, configurations, divisors,
+                               pipeline_schedules)
 from microbench.errors import UsageError
 
 BATCH_KEY = {"linear": "m", "mlp": "batch", "dense": "batch", "cnn": "batch", "embedding": "tokens"}
@@ -71,26 +72,16 @@ class Chain:
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer on one tensor group for one micro-batch: seconds of its forward and backward (compute, and the
-    communication of its strategy and of the redistributions into its successor and of its gradient back), the
-    elements of its weights stored per device, the bytes of the input it keeps per device and of its whole output."""
+    """One layer on one tensor group for one micro-batch: its strategy, the seconds of its forward and backward
+    (compute, and as tensor-parallel communication its strategy's and the redistributions into its successor and of
+    its gradient back), the elements of its weights stored per device, the bytes of the input it keeps per device
+    and of its whole output."""
 
     strategy: str
-    fwd_compute: float
-    fwd_comm: float
-    bwd_compute: float
-    bwd_comm: float
+    times: LayerTimes
     weights: int
     kept_bytes: int
     out_bytes: int
-
-    @property
-    def fwd(self) -> float:
-        return self.fwd_compute + self.fwd_comm
-
-    @property
-    def bwd(self) -> float:
-        return self.bwd_compute + self.bwd_comm
 
 
 @dataclass(frozen=True)
@@ -140,8 +131,9 @@ class ChainTrainingPricer(StepPricer):
         for i, (o, c) in enumerate(zip(tables.options, choice)):
             f, b = [2 * i, 2 * i + 1], [2 * (2 * n - 1 - i), 2 * (2 * n - 1 - i) + 1]
             s, layer = o.strategies[c], o.layer
-            out.append(LayerCost(s.id, float(comp[f].sum()), float(comm[f].sum()), float(comp[b].sum()),
-                                 float(comm[b].sum()), _elements(layer, "W", s, t),
+            times = LayerTimes(float(comp[f].sum()), float(comp[b].sum()), 0.0, float(comm[f].sum()),
+                               float(comm[b].sum()), 0.0)
+            out.append(LayerCost(s.id, times, _elements(layer, "W", s, t),
                                  _elements(layer, "X", s, t) * layer.itemsize,
                                  math.prod(layer.out_shape) * layer.itemsize))
         return out
@@ -155,7 +147,7 @@ class ChainTrainingPricer(StepPricer):
 
     def _cut(self, c: Config, costs: list[LayerCost]) -> Cut:
         full = c.recompute == "full"
-        times = [x.fwd + x.bwd + (x.fwd if full else 0.0) for x in costs]
+        times = [x.times.total + (x.times.fwd + x.times.tp_fwd if full else 0.0) for x in costs]
         chunks, start = [], 0
         for count in balanced_stages(times, c.p * c.schedule.v):
             chunks.append(tuple(range(start, start + count)))
@@ -169,12 +161,13 @@ class ChainTrainingPricer(StepPricer):
 
     @staticmethod
     def _device(mine: list[LayerCost], full: bool) -> StageTimes:
-        """One device's layers per micro-batch (full recomputation: their forward again, compute and communication)."""
-        fwd_comp, fwd_comm = sum(x.fwd_compute for x in mine), sum(x.fwd_comm for x in mine)
-        return StageTimes(fwd_comp + sum(x.bwd_compute for x in mine), fwd_comp if full else 0.0,
-                          fwd_comm * (2 if full else 1) + sum(x.bwd_comm for x in mine), 0.0,
-                          sum(x.fwd for x in mine), sum(x.bwd for x in mine), 0.0, sum(x.weights for x in mine),
-                          len(mine))
+        """One device's layers per micro-batch (full recomputation: their forward again, compute and communication);
+        the data-parallel windows are the passes' compute, as the transformer's."""
+        t = [x.times for x in mine]
+        fwd, tp_fwd = sum(x.fwd for x in t), sum(x.tp_fwd for x in t)
+        tp = sum(x.tp for x in t) + (tp_fwd if full else 0.0)
+        return StageTimes(sum(x.compute for x in t), fwd if full else 0.0, tp, 0.0, fwd, sum(x.bwd for x in t), 0.0,
+                          sum(x.weights for x in mine), len(mine))
 
     def stage_params(self, c: Config) -> float:
         return self.cut(c).times.params
@@ -222,22 +215,9 @@ class ChainTrainingPricer(StepPricer):
         """Every configuration worth pricing: t a divisor or multiple of the devices per node, p up to the layer
         count, d the rest; micro-batches dividing the per-replica batch (up to max_micro_batch); GPipe, 1F1B and
         interleaved with p v chunks of a layer or more; ZeRO 0-3 and overlap where d > 1; no or full recomputation."""
-        model, g = self.model, self.gpus_per_node
-        for t in divisors(self.devices):
-            if g % t and t % g:
-                continue
-            for p in divisors(self.devices // t):
-                d = self.devices // (t * p)
-                if p > model.layers or model.batch % d:
-                    continue
-                scheds = [Schedule("1f1b")] if p == 1 else [Schedule("gpipe"), Schedule("1f1b")] + [
-                    Schedule("interleaved", v) for v in range(2, max_v + 1) if p * v <= model.layers]
-                for mb in divisors(model.batch // d, max_micro_batch):
-                    m = model.batch // (d * mb)
-                    for sched in scheds:
-                        if sched.name == "interleaved" and m % p:
-                            continue
-                        for zero in ZERO_STAGES if d > 1 else (0,):
-                            for overlap in (False, True) if d > 1 else (False,):
-                                for rc in (r for r in RECOMPUTE if r != "selective"):
-                                    yield Config(t, p, d, mb, sched, zero, False, rc, overlap)
+        model, g, n = self.model, self.gpus_per_node, self.devices
+        shapes = ((t, p, pipeline_schedules(p, (v for v in range(2, max_v + 1) if p * v <= model.layers)))
+                  for t in divisors(n) if not (g % t and t % g)
+                  for p in divisors(n // t) if p <= model.layers)
+        recomputes = [r for r in RECOMPUTE if r != "selective"]
+        return configurations(n, model.batch, shapes, max_micro_batch, False, recomputes)
