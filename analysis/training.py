@@ -437,6 +437,7 @@ class TrainingPricer(StepPricer):
                  mixed: bool = True):
         super().__init__(calibration, model, devices, gpus_per_node, dtype, nics_per_node, memory_bytes, terms, mixed)
         self._layers: dict[tuple, tuple[LayerTimes, LayerTimes, LayerTimes]] = {}
+        self._stages: dict[tuple, StageTimes] = {}
 
     def _gemms(self, shapes, backward: bool = False) -> float:
         """Seconds of GEMMs given as (batch, m, n, k): each call at the calibration's GEMM model (latency plus flops
@@ -561,7 +562,14 @@ class TrainingPricer(StepPricer):
         return sbh * (34 + core) / c.t if c.sp else sbh * (10 + (24 + core) / c.t)
 
     def _stage_times(self, c: Config) -> StageTimes:
-        """The slowest stage: n layers and the embedding (first) or the output layer (last), both with p = 1."""
+        """The slowest stage: n layers and the embedding (first) or the output layer (last), both with p = 1;
+        remembered per (t, p, d, micro-batch, SP, recomputation), which is all it depends on."""
+        key = (c.t, c.p, c.d, c.micro_batch, c.sp, c.recompute)
+        if key not in self._stages:
+            self._stages[key] = self._stage_times_of(c)
+        return self._stages[key]
+
+    def _stage_times_of(self, c: Config) -> StageTimes:
         layer, embed, head = self._layers_of(c)
         n = self.model.layers // c.p
         if c.p == 1:
