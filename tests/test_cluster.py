@@ -381,7 +381,8 @@ def test_pipeline_validation_ranks_training_mixes_as_well_as_a_second_run(cluste
     proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--launch",
                            f"{CLUSTER} mpirun -n 4 --host node1:2,node2:2", "--out", str(out)],
                           env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    print(f"pipeline bench: {time.monotonic() - t0:.0f} s")
+    steps = [m.group(1) for m in re.finditer(r"^  \((\d+ s)\)$", proc.stdout, re.M)]
+    print(f"pipeline bench: {time.monotonic() - t0:.0f} s (steps: {', '.join(steps)})")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     print("\n".join(line for line in proc.stdout.splitlines() if line.split(" ")[0] in (
         "kendall_tau", "regret", "top1", "mean_accuracy")))
