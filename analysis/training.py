@@ -311,6 +311,7 @@ class StepPricer:
         self._pricers: dict[tuple[int, int, int], Pricer] = {}
         self._comms: dict[tuple, float] = {}
         self._dims: dict[tuple, dict[str, str]] = {}
+        self._memory: dict[tuple, Memory] = {}
 
     def pricer(self, t: int, p: int, d: int) -> Pricer:
         key = (t, p, d)
@@ -340,6 +341,13 @@ class StepPricer:
         return 0 if self.model.batch % per else self.model.batch // per
 
     def memory(self, c: Config, m: int) -> Memory:
+        """Bytes per device, remembered per configuration up to data-parallel overlap (which moves no bytes)."""
+        key = (c.t, c.p, c.d, c.micro_batch, c.schedule, c.zero, c.sp, c.recompute)
+        if key not in self._memory:
+            self._memory[key] = self._memory_of(c, m)
+        return self._memory[key]
+
+    def _memory_of(self, c: Config, m: int) -> Memory:
         P = self.stage_params(c)
         shard = lambda stage: c.d if c.zero >= stage else 1  # noqa: E731
         return Memory(P * self.param_bytes / shard(3), P * self.grad_bytes / shard(2),
