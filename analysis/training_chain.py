@@ -72,12 +72,11 @@ class Chain:
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer on one tensor group for one micro-batch: its strategy, the seconds of its forward and backward
-    (compute, and as tensor-parallel communication its strategy's and the redistributions into its successor and of
-    its gradient back), the elements of its weights stored per device, the bytes of the input it keeps per device
+    """One layer on one tensor group for one micro-batch under its chosen strategy: the seconds of its forward and
+    backward (compute, and as tensor-parallel communication its strategy's and the redistributions into its successor
+    and of its gradient back), the elements of its weights stored per device, the bytes of the input it keeps per device
     and of its whole output."""
 
-    strategy: str
     times: LayerTimes
     weights: int
     kept_bytes: int
@@ -133,7 +132,7 @@ class ChainTrainingPricer(StepPricer):
             s, layer = o.strategies[c], o.layer
             times = LayerTimes(float(comp[f].sum()), float(comp[b].sum()), 0.0, float(comm[f].sum()),
                                float(comm[b].sum()), 0.0)
-            out.append(LayerCost(s.id, times, _elements(layer, "W", s, t),
+            out.append(LayerCost(times, _elements(layer, "W", s, t),
                                  _elements(layer, "X", s, t) * layer.itemsize,
                                  math.prod(layer.out_shape) * layer.itemsize))
         return out

@@ -58,6 +58,8 @@ def test_the_pipeline_cut_is_the_best_of_every_cut_and_prices_its_messages():
     assert step.pp_comm_s == pytest.approx(Schedule("1f1b").messages(2, 4) * one, rel=1e-6)
     assert step.bubble_s == pytest.approx(sum(times) / 2)           # one slot of the mean stage
     assert step.total_s == pytest.approx(4 * cut.times.slowest + step.bubble_s + step.pp_comm_s)
+    two = pricer(STACK, 4, 2).cut(Config(2, 2, 1, 4))            # a tensor group of 2: each sends half the boundary
+    assert two.times.message_bytes == pricer(STACK, 4, 2).layer_costs(2, 4)[two.devices[0][0][-1]].out_bytes / 2
     inter = tp.cut(Config(1, 2, 1, 4, Schedule("interleaved", 2)))
     assert [len(dev) for dev in inter.devices] == [2, 2] and inter.devices[0][1][0] > inter.devices[1][0][-1]
 
