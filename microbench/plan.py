@@ -109,19 +109,23 @@ def sweep_estimate(points, rounds: int, retries: int, rule: StopRule, machine: M
 
 
 def scan_estimate(nodes: int, sizes: list[int], rounds: int, rule: StopRule, machine: Machine,
-                  node_checks: tuple[float, float]) -> Estimate:
+                  node_checks: tuple[float, float], recheck: bool = True) -> Estimate:
     """The scan of `nodes` nodes: `rounds` passes over the round-robin schedule, each round as long as one pair's
-    ping-pongs at every size (the pairs run at once), then the node checks (copy bytes, GEMM flops per iteration)."""
-    visit_rule = rule.visit(rounds)
-    quiet = worst = 0.0
-    for size in sizes:
-        q, w = visit_s(machine.call_s("inter", 2, 2 * size), visit_rule)
-        quiet, worst = quiet + q, worst + w
+    ping-pongs at every size (the pairs run at once), then the node checks (copy bytes, GEMM flops per iteration);
+    in the worst case the recheck measures every pair (one more pass at the whole budget) and every node again."""
     split_s = machine.call_s("inter", nodes, 0) * 2        # the round's communicator split and closing barrier
     rounds_per_pass = round_count(nodes)
-    visits = [worst + split_s] * (rounds_per_pass * rounds)
+
+    def round_s(visit_rule: StopRule) -> tuple[float, float]:
+        times = [visit_s(machine.call_s("inter", 2, 2 * size), visit_rule) for size in sizes]
+        return sum(t[0] for t in times), sum(t[1] for t in times) + split_s
+
+    quiet, worst = round_s(rule.visit(rounds))
+    visits = [worst] * (rounds_per_pass * rounds)
     checks = [visit_s(node_checks[0] / machine.copy_Bps, rule), visit_s(node_checks[1] / machine.gemm_flops, rule)]
     visits += [c[1] for c in checks]
+    if recheck:
+        visits += [round_s(rule)[1]] * rounds_per_pass + [c[1] for c in checks]
     launch = machine.launch(nodes)
     return Estimate("scan", nodes, tuple(visits),
                     launch + rounds_per_pass * rounds * (quiet + split_s) + sum(c[0] for c in checks),

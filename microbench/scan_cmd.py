@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from microbench import plan
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="likewise for latency above the reference (default 0.50)")
     p.add_argument("--node-tolerance", type=float, default=0.25,
                    help="likewise for a node's copy and GEMM rates (default 0.25)")
+    p.add_argument("--no-recheck", dest="recheck", action="store_false",
+                   help="name what the first measurement flags; by default each flagged pair and node is measured "
+                        "once more and keeps the faster of its two figures")
     p.add_argument("--per-rank", action="store_true",
                    help="treat every rank as a node, several to a host allowed (a scan of one machine's ranks)")
     p.add_argument("--timing", choices=("auto", "c", "python"), default="auto",
@@ -61,7 +65,7 @@ def build_config(args: argparse.Namespace):
     for name in ("bandwidth_tolerance", "latency_tolerance", "node_tolerance"):
         if not 0 <= getattr(args, name) < 10:
             raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 10")
-    return ScanConfig(sizes, rule, rounds, parse_size(args.copy_size), parse_size(args.gemm_size))
+    return ScanConfig(sizes, rule, rounds, parse_size(args.copy_size), parse_size(args.gemm_size), args.recheck)
 
 
 def node_names(hosts: list[str], per_rank: bool) -> list[str]:
@@ -79,7 +83,7 @@ def print_plan(args: argparse.Namespace) -> int:
     dry = plan.dry_run(args)
     cfg = build_config(args)
     est = plan.scan_estimate(dry.nodes, list(cfg.sizes), cfg.rounds, cfg.rule, dry.machine,
-                             (2.0 * cfg.copy_size, 2.0 * (cfg.gemm_size / 4) ** 1.5))
+                             (2.0 * cfg.copy_size, 2.0 * (cfg.gemm_size / 4) ** 1.5), cfg.recheck)
     print(f"commcal scan --dry-run: {dry.nodes} nodes ({dry.per_node} device(s) each; one rank per node), "
           f"sizes {','.join(format_size(s) for s in cfg.sizes)}, {cfg.rounds} pass(es) of "
           f"{round_count(dry.nodes)} rounds")
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from microbench import memcopy, provenance, scan
     from microbench.backends import backend_for
     from microbench.buffers import set_page_policy
-    from microbench.scanfile import SCAN_SCHEMA, SCAN_SCHEMA_VERSION, read_scan, write_scan
+    from microbench.scanfile import SCAN_SCHEMA, SCAN_SCHEMA_VERSION, Recheck, Scan, read_scan, rows_frame, write_scan
     from microbench.sweep_cmd import check_world
 
     world = MPI.COMM_WORLD
@@ -124,23 +128,34 @@ def run(args: argparse.Namespace) -> int:
     counters = provenance.cpu_counters()
     rows = scan.measure_pairs(world, nodes, cfg, timer, backend, say)
     rows += scan.measure_nodes(world, nodes, cfg, backend)
+    options = dict(sizes=list(cfg.sizes), target_ci=cfg.rule.target_ci, min_samples=cfg.rule.min_samples,
+                   point_budget_s=cfg.rule.budget_s, rounds=cfg.rounds, copy_size=cfg.copy_size,
+                   gemm_size=cfg.gemm_size, per_rank=args.per_rank, recheck=cfg.recheck,
+                   bandwidth_tolerance=args.bandwidth_tolerance, latency_tolerance=args.latency_tolerance,
+                   node_tolerance=args.node_tolerance)
+    rechecked: list[Recheck] = []
+    if cfg.recheck:
+        suspects = world.bcast(Scan(out, dict(nodes=nodes, options=options), rows_frame(rows)).suspects()
+                               if world.rank == 0 else None, root=0)
+        if suspects:
+            rows, rechecked = scan.recheck(world, nodes, cfg, timer, backend, rows, suspects, say)
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank != 0:
         return 0
     meta = provenance.run_metadata(
         None, hosts, mpi_library=provenance.mpi_library_version(), mpi_standard=".".join(map(str, MPI.Get_version())),
         backend="mpi", backend_versions={}, gpus=[], page_policy=page_policy, timing_path=timer.path,
-        timing_note=timing_note,
-        options=dict(sizes=list(cfg.sizes), target_ci=cfg.rule.target_ci, min_samples=cfg.rule.min_samples,
-                     point_budget_s=cfg.rule.budget_s, rounds=cfg.rounds, copy_size=cfg.copy_size,
-                     gemm_size=cfg.gemm_size, per_rank=args.per_rank, bandwidth_tolerance=args.bandwidth_tolerance,
-                     latency_tolerance=args.latency_tolerance, node_tolerance=args.node_tolerance))
+        timing_note=timing_note, options=options)
     meta.update(schema=SCAN_SCHEMA, version=SCAN_SCHEMA_VERSION, nodes=nodes, end_time=provenance.now(),
                 cpu_steal=steal, memcpy_alias_slowdown=round(memcopy.alias_slowdown(), 2),
-                mpi_thread_level=record(threads))
+                mpi_thread_level=record(threads), rechecked=[asdict(r) for r in rechecked])
     out.mkdir(parents=True, exist_ok=True)
     write_scan(out, meta, rows)
     print("\n".join(scan.summary_lines(rows)), flush=True)
+    for r in rechecked:
+        print(f"commcal scan: rechecked {r.op} {r.node_a + ('-' + r.node_b if r.node_b else '')} "
+              f"{format_size(r.size_bytes)}: {r.first_s * 1e6:.2f}us then {r.second_s * 1e6:.2f}us, kept the "
+              f"{'second' if r.kept_second else 'first'}", flush=True)
     found = read_scan(out)
     for v in found.verdicts():
         print(f"commcal scan: {v.metric}: reference {v.reference:.4g}, allowed {v.threshold:.3g} worse; slow nodes: "

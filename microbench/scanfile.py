@@ -4,7 +4,8 @@ A scan directory holds:
   scan.parquet   one row per measurement (SCAN_COLUMNS): kind "pair" (pingpong between node_a and node_b at one
                  size, in schedule round `round`) or "node" (node_a's copy or gemm, node_b empty, round -1)
   scan.json      provenance (schema "commcal.scan", version SCAN_SCHEMA_VERSION): what run.json records for a
-                 sweep, plus `nodes` (in rank order) and the options, the flagging tolerances among them;
+                 sweep, plus `nodes` (in rank order), the options (the flagging tolerances among them) and
+                 `rechecked` (each figure measured twice: both medians and which was kept; the rows hold it);
                  written last, so its presence marks a finished scan
 
 Rates: a pair's `rate` is size_bytes / median_s (pingpong's time is half the round trip), a copy's is the bytes
@@ -13,7 +14,7 @@ read and written per second, a GEMM's its FLOP/s."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,18 @@ class ScanConfig:
     rounds: int = 1              # passes over the whole schedule, pooled as the sweep pools its visits
     copy_size: int = 16 << 20
     gemm_size: int = 1 << 20
+    recheck: bool = True         # measure each flagged figure once more, keeping the faster of the two
+
+
+@dataclass(frozen=True)
+class Suspects:
+    """What the first measurement flags, to be measured once more: pairs (by node names) and nodes."""
+
+    pairs: tuple[tuple[str, str], ...] = ()
+    nodes: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.pairs or self.nodes)
 
 
 @dataclass(frozen=True)
@@ -66,9 +79,44 @@ class ScanRow:
 SCAN_COLUMNS = tuple(ScanRow.__dataclass_fields__)
 
 
+@dataclass(frozen=True)
+class Recheck:
+    """One figure measured twice: its two medians and whether the second (the faster) was kept; scan.json holds
+    each as a JSON object of these fields."""
+
+    op: str
+    node_a: str
+    node_b: str
+    size_bytes: int
+    first_s: float
+    second_s: float
+    kept_second: bool
+
+
+def merge_rechecks(rows: list[ScanRow], again: list[ScanRow]) -> tuple[list[ScanRow], list[Recheck]]:
+    """Each row measured again keeps the faster of its two measurements (a passing disturbance only ever slows a
+    measurement; a lasting fault repeats), with the wrong elements of both; and a record of each second look."""
+    key = lambda r: (r.kind, r.node_a, r.node_b, r.op, r.size_bytes)  # noqa: E731
+    second = {key(r): r for r in again}
+    kept, record = [], []
+    for r in rows:
+        s = second.get(key(r))
+        if s is None:
+            kept.append(r)
+            continue
+        better = s if 0 < s.median_s < r.median_s or not r.median_s > 0 else r
+        kept.append(replace(better, wrong=r.wrong + s.wrong))
+        record.append(Recheck(r.op, r.node_a, r.node_b, r.size_bytes, r.median_s, s.median_s, better is s))
+    return kept, record
+
+
+def rows_frame(rows: list[ScanRow]) -> pd.DataFrame:
+    return pd.DataFrame([r.to_dict() for r in rows], columns=list(SCAN_COLUMNS))
+
+
 def write_scan(out: Path, meta: dict, rows: list[ScanRow]) -> None:
     """scan.parquet, then scan.json, each atomically."""
-    frame = pd.DataFrame([r.to_dict() for r in rows], columns=list(SCAN_COLUMNS))
+    frame = rows_frame(rows)
     atomic_write(out / "scan.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
     atomic_write_json(out / "scan.json", meta)
 
@@ -126,6 +174,31 @@ class Scan:
             for node in v.slow_nodes:
                 found.setdefault(node, []).append(v.metric)
         return {n: found[n] for n in self.nodes if n in found}
+
+    @property
+    def rechecks(self) -> tuple[Recheck, ...]:
+        """The figures measured twice (scan.json `rechecked`); entries that are not well formed are left out."""
+        entries = self.meta.get("rechecked", [])
+        out = []
+        for e in entries if isinstance(entries, list) else []:
+            try:
+                out.append(Recheck(str(e["op"]), str(e["node_a"]), str(e["node_b"]), int(e["size_bytes"]),
+                                   float(e["first_s"]), float(e["second_s"]), bool(e["kept_second"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return tuple(out)
+
+    def suspects(self) -> Suspects:
+        """The slow pairs of either pair figure and the slow nodes of the node checks, in scan order."""
+        pairs: set[tuple[str, str]] = set()
+        nodes: set[str] = set()
+        for v in self.verdicts():
+            pairs.update(v.slow_pairs)
+            if v.metric in NODE_OPS:
+                nodes.update(v.slow_nodes)
+        order = {pair: i for i, pair in enumerate(zip(self.pairs["node_a"], self.pairs["node_b"]))}
+        return Suspects(tuple(sorted(pairs, key=lambda p: order.get(p, 0))),
+                        tuple(n for n in self.nodes if n in nodes))
 
 
 def read_scan(path: str | Path) -> Scan:

@@ -115,6 +115,13 @@ def section(scan: Scan | None, root: Path) -> Section:
     if loose:
         blocks.append(Note("Slow pairs between nodes that are not slow themselves (a link or switch port?): "
                            + ", ".join(f"{a}–{b} ({m})" for m, a, b in loose), "warning"))
+    if scan.rechecks:
+        blocks.append(Table("Measured twice: what the first measurement flagged, and the faster figure kept",
+                            ("op", "node or pair", "size", "first median", "second median", "kept"),
+                            tuple((r.op, f"{r.node_a}–{r.node_b}" if r.node_b else r.node_a,
+                                   f"{format_size(r.size_bytes)}B", f"{r.first_s * 1e6:.2f} µs",
+                                   f"{r.second_s * 1e6:.2f} µs", "second" if r.kept_second else "first")
+                                  for r in scan.rechecks)))
     by_metric = {v.metric: v for v in verdicts}
     blocks += [verdict_table(verdicts),
                save_figure(heatmap(scan, by_metric), root, "scan-pairs", "Pair bandwidth and latency",

@@ -5,6 +5,7 @@ one real 3-rank scan on this host."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from itertools import combinations
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from conftest import run_main, run_mpi
 from microbench import plan
 from microbench.outliers import Rule, better_median, judge_pairs
-from microbench.scanfile import ScanRow, read_scan, write_scan
+from microbench.scanfile import ScanRow, merge_rechecks, read_scan, write_scan
 from microbench.schedule import round_count, round_robin
 from microbench.stats import StopRule
 
@@ -98,6 +99,39 @@ def test_a_scan_file_reads_back_with_its_slow_node(tmp_path):
     assert scan.flagged_nodes() == {"node3": ["bandwidth"]}
     assert scan.latency_size == 8 and scan.bandwidth_size == 4 << 20
     assert abs(scan.pair_values(4 << 20, "rate")[("node1", "node2")] / 47.8e6 - 1) < 1e-9
+
+
+def test_a_recheck_keeps_the_faster_figure_and_a_lasting_fault_stays_flagged(tmp_path, capsys):
+    first = read_scan(scan_dir(tmp_path / "s", slow="node3"))
+    suspects = first.suspects()
+    assert set(suspects.pairs) == {p for p in zip(first.pairs["node_a"], first.pairs["node_b"]) if "node3" in p}
+    assert len(suspects.pairs) == 3 and not suspects.nodes
+    rows = [ScanRow(**r) for r in first.rows.to_dict("records")]
+    slow_pair, passing = suspects.pairs[0], suspects.pairs[1]
+    again = []
+    for r in rows:
+        if r.kind == "pair" and (r.node_a, r.node_b) == passing and r.size_bytes == 8:
+            again.append(replace(r, median_s=r.median_s * 3, wrong=1))        # disturbed the second time
+        elif r.kind == "pair" and (r.node_a, r.node_b) == passing:
+            again.append(replace(r, median_s=r.median_s / 2, rate=r.rate * 2))  # healthy the second time
+        elif r.kind == "pair" and (r.node_a, r.node_b) == slow_pair:
+            again.append(replace(r, median_s=r.median_s * 1.01, rate=r.rate / 1.01))
+    kept, record = merge_rechecks(rows, again)
+    assert len(kept) == len(rows) and len(record) == len(again)
+    by = {(r.node_a, r.node_b, r.size_bytes): r for r in kept if r.kind == "pair"}
+    assert by[(*passing, 8)].median_s == 20e-6 and by[(*passing, 8)].wrong == 1, "the faster, with both wrongs"
+    assert by[(*passing, 4 << 20)].rate == pytest.approx(47.8e6)
+    assert by[(*slow_pair, 4 << 20)].rate == pytest.approx(47.8e6 / 2), "a lasting fault keeps its first figure"
+    assert [r.kept_second for r in record].count(True) == 1
+    meta = dict(first.meta, rechecked=[asdict(r) for r in record] + [{"op": "x"}, 3])
+    write_scan(tmp_path / "t", meta, kept)
+    second = read_scan(tmp_path / "t")
+    assert second.rechecks == tuple(record), "ill-formed entries are left out"
+    assert second.flagged_nodes() == {"node3": ["bandwidth"]}
+    assert sorted(second.suspects().pairs) == sorted(p for p in suspects.pairs if p != passing)
+    code, _, err = run_main(capsys, ["report", "--run", str(tmp_path / "t"), "--out", str(tmp_path / "r")])
+    assert code == 0, err
+    assert "Measured twice" in (tmp_path / "r" / "report.md").read_text()
 
 
 def test_report_and_diff_of_scans(tmp_path, capsys):
@@ -184,9 +218,12 @@ def test_allocations_hold_every_visit_once_in_order_within_the_limit():
 def test_scan_estimate_grows_with_the_rounds_of_the_schedule():
     rule, m = StopRule(0.02, 10, budget_s=0.5), plan.Machine.default()
     small, big = (plan.scan_estimate(n, [8, 4 << 20], 1, rule, m, (32e6, 2.7e8)) for n in (64, 4096))
-    assert len(big.visits) == 4095 + 2 and big.quiet_s <= big.worst_s
+    assert len(big.visits) == 2 * (4095 + 2) and big.quiet_s <= big.worst_s
     per_round = (big.worst_s - big.launch_s) / 4095
     assert per_round == pytest.approx((small.worst_s - small.launch_s) / 63, rel=0.05)
+    once = plan.scan_estimate(4096, [8, 4 << 20], 1, rule, m, (32e6, 2.7e8), recheck=False)
+    assert len(once.visits) == 4095 + 2 and once.quiet_s == big.quiet_s
+    assert big.worst_s - big.launch_s == pytest.approx(2 * (once.worst_s - once.launch_s), rel=1e-9)
 
 
 def test_dry_runs_print_plans_without_mpi(capsys):
@@ -218,6 +255,11 @@ def test_a_real_scan_of_three_ranks(tmp_path):
     assert (scan.rows["rate"] > 0).all() and (scan.rows["median_s"] > 0).all()
     assert set(scan.node_values("gemm")) == set(scan.nodes) == set(scan.node_values("copy"))
     assert "flagged nodes:" in proc.stdout
+    for r in scan.rechecks:          # whatever the first look flagged was measured again, the faster kept
+        pair = scan.rows[(scan.rows["node_a"] == r.node_a) & (scan.rows["node_b"] == r.node_b) &
+                         (scan.rows["op"] == r.op) & (scan.rows["size_bytes"] == r.size_bytes)]
+        assert len(pair) == 1 and pair["median_s"].iloc[0] == min(r.first_s, r.second_s), (r, pair)
+        assert f"rechecked {r.op} {r.node_a}" in proc.stdout
     refused = run_mpi(2, ["scan", "--out", str(tmp_path / "x")], timeout=60)
     assert refused.returncode == 2 and "one rank per node" in refused.stderr, refused.stderr
 
