@@ -110,12 +110,15 @@ def fit_line(alg: Algorithm, pts: Points, method: str) -> LineFit:
                    float(cov[0, 1]), rel_sd, float(r2), len(t), pts.n_sizes, tuple((pred - t) / t))
 
 
-def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> np.ndarray:
-    """cost[i, j]: trimmed squared relative residuals of the least-squares line over size indices i..j,
-    every (i, j) at once: 2x2 normal equations from prefix sums, then all residuals in one array."""
+def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cost, priced) over size indices i..j: cost[i, j] the trimmed squared relative residuals of the least-squares
+    line, priced[i, j] whether that line prices every size the segment would cover (from the middle of the gap below
+    it to the middle of the gap above; calib.algorithms.segment_bounds) at a time of at least zero, at every process
+    count. Every (i, j) at once: 2x2 normal equations from prefix sums, then all residuals in one array."""
     m = pts.n_sizes
     A = _design(alg, pts) / pts.seconds[:, None]
-    A = A / np.maximum(np.linalg.norm(A, axis=0), 1e-300)
+    norms = np.maximum(np.linalg.norm(A, axis=0), 1e-300)
+    A = A / norms
     u, v, idx = A[:, 0], A[:, 1], pts.size_index
     per_size = np.zeros((m + 1, 5))
     np.add.at(per_size, idx + 1, np.column_stack([u * u, u * v, v * v, u, v]))
@@ -130,19 +133,40 @@ def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> np.ndarray:
     inside = (idx >= i[:, None]) & (idx <= j[:, None])
     cost = np.full((m, m), np.inf)
     cost[i, j] = np.where(ok, np.sum(r * inside, axis=1), np.inf)
-    return cost
+    low, high = np.full(m, np.inf), np.zeros(m)
+    np.minimum.at(low, idx, pts.nbytes)
+    np.maximum.at(high, idx, pts.nbytes)
+    gaps = np.sqrt(np.maximum(high[:-1], 1.0) * np.maximum(low[1:], 1.0))
+    start, end = np.concatenate([low[:1], gaps]), np.concatenate([gaps, high[-1:]])
+    a, b = alg.coefficients(np.unique(pts.procs))
+    alpha, beta = c0 / norms[0], c1 / norms[1]
+    lowest = np.minimum(np.outer(alpha, a) + np.outer(beta * start[i], b),
+                        np.outer(alpha, a) + np.outer(beta * end[j], b)).min(axis=1)
+    priced = np.zeros((m, m), dtype=bool)
+    priced[i, j] = lowest >= 0
+    return cost, priced
 
 
 def change_points(alg: Algorithm, pts: Points, max_segments: int, min_sizes: int,
                   count: int | None = None) -> list[tuple[int, int]]:
     """Size-index ranges [(first, last), ...] of the lowest-cost segmentation into segments of at least min_sizes
-    distinct sizes each: with `count`, that many (or as many as fit); without, the number up to max_segments with
+    distinct sizes each, every segment's line pricing the sizes it covers at a time of at least zero (unless no
+    segmentation can): with `count`, that many (or as many as fit); without, the number up to max_segments with
     the lowest BIC."""
     m = pts.n_sizes
     most = min(count or max_segments, m // min_sizes)
     if most <= 1:
         return [(0, m - 1)]
-    cost = _segment_costs(alg, pts, min_sizes)
+    cost, priced = _segment_costs(alg, pts, min_sizes)
+    n = len(pts.seconds)
+    return (_segmentation(np.where(priced, cost, np.inf), n, most, count)
+            or _segmentation(cost, n, most, count) or [(0, m - 1)])
+
+
+def _segmentation(cost: np.ndarray, n: int, most: int, count: int | None) -> list[tuple[int, int]] | None:
+    """The dynamic program over cost[i, j] (segment i..j) with up to `most` segments: BIC's ranges, or with `count`
+    the most segments up to it; None where no segmentation has a finite cost."""
+    m = len(cost)
     # best[k][j]: lowest cost of covering sizes 0..j with k+1 segments; back[k][j]: where the last one starts
     best, back = [cost[0]], [np.zeros(m, dtype=int)]
     for _ in range(1, most):
@@ -150,13 +174,14 @@ def change_points(alg: Algorithm, pts: Points, max_segments: int, min_sizes: int
         arg = np.argmin(total, axis=1)
         best.append(total[np.arange(m), arg])
         back.append(arg + 1)
-    n = len(pts.seconds)
+    finite = [k for k, b in enumerate(best) if math.isfinite(b[m - 1])]
+    if not finite:
+        return None
     if count is None:
-        bics = [n * math.log(max(b[m - 1] / n, COST_FLOOR ** 2)) + (3 * (k + 1) - 1) * math.log(n)
-                if math.isfinite(b[m - 1]) else math.inf for k, b in enumerate(best)]
-        k = int(np.argmin(bics))
+        k = min(finite, key=lambda k: n * math.log(max(best[k][m - 1] / n, COST_FLOOR ** 2))
+                + (3 * (k + 1) - 1) * math.log(n))
     else:
-        k = max(k for k, b in enumerate(best) if k == 0 or math.isfinite(b[m - 1]))
+        k = max(finite)
     ranges, j = [], m - 1
     while k >= 0:
         i = int(back[k][j]) if k > 0 else 0

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ TRUTH = {
 KNEE = 65536
 PINGPONG = TrueModel((Segment(KNEE, 8e-6, 1.5e-9), Segment(math.inf, 45e-6, 0.9e-9)))
 PROCS = {"inter": [2, 4, 8], "intra": [2, 4, 8]}
+
+
+DATA = Path(__file__).parent / "data"
 
 
 def fit_calibration(runs, opts: FitOptions = FitOptions()) -> dict:
@@ -121,6 +125,37 @@ def test_held_out_error_overrides_bic_where_an_unfittable_regime_stops_it_splitt
     assert bic_off > 0.08 and len(bic.segments) < 3, (bic_off, len(bic.segments))
     assert off < 0.03 and len(m["segments"]) >= 3, (off, m["segments"])
     assert m["heldout"]["median_abs_rel_err"] < 0.03
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_segment_prices_a_size_it_covers_below_zero(tmp_path, seed):
+    """A rate-limited link's ping-pong (a token bucket: sizes within its burst pass fast, larger ones at the rate
+    less the burst, a line of negative intercept, curving near the burst) on the racks test's sizes: a segment from
+    32 KiB up fits 32 KiB on a line that crosses zero just below it and would price 12-28 KiB messages below zero.
+    Every size from 1 B to 8 MiB must be priced above zero, and the rate within 3%."""
+    rate = 23.91e6
+    truth = TrueModel((Segment(20000, 45e-6, 3.7e-9), Segment(100000, 0.2e-3 - 32768 / rate / 3, 1 / rate / 3),
+                       Segment(300000, 9.8e-3 - 262144 / rate, 1 / rate), Segment(math.inf, -2.11e-3, 1 / rate)))
+    sizes = (8, 512, 4096, 32768, 262144, 524288, 1 << 20, 2 << 20, 3 << 20, 4 << 20)
+    run = write_synthetic_run(tmp_path / "run", {("pingpong", "inter"): truth}, {"inter": [2]}, sizes=sizes,
+                              samples=12, noise=0.03, seed=seed)
+    data = fit_calibration(load_runs([str(run)]))
+    grid = np.unique(np.geomspace(1, 8 << 20, 400).astype(int)).astype(float)
+    priced = calibration_from_dict(data).predict_seconds("pingpong", "inter", 2, grid)
+    assert (priced > 0).all(), grid[priced <= 0]
+    bandwidth = data["p2p"]["pingpong"]["inter"]["bandwidth_bytes_per_s"]
+    assert abs(bandwidth / rate - 1) < 0.03, bandwidth / rate - 1
+
+
+def test_the_racks_sweep_that_missed_its_rate_is_fitted_at_its_truth():
+    """The real ping-pong sweep of the 4-node racks cluster (tests/data/runs/racks-pingpong-tbf: in-rack links at
+    400mbit, cross-rack at 200mbit) on which tests/test_cluster_racks.py once failed: its cross-rack segment from
+    32 KiB up read 25.13 MB/s (+5.1%). Both levels' rates within 2% of tbf's payload rates."""
+    data = fit_calibration(load_runs([str(DATA / "runs" / "racks-pingpong-tbf")]))
+    for link, mbit in (("inter", 400), ("inter2", 200)):
+        truth = mbit * 1e6 / 8 * 1448 / 1514
+        bandwidth = data["p2p"]["pingpong"][link]["bandwidth_bytes_per_s"]
+        assert abs(bandwidth / truth - 1) < 0.02, (link, bandwidth / truth - 1)
 
 
 def test_hockney_table_per_process_count_matches_the_model(fitted):
