@@ -379,7 +379,7 @@ def test_pipeline_validation_ranks_training_mixes_as_well_as_a_second_run(cluste
     out = cluster.work / "pipeline"
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--launch",
-                           f"{CLUSTER} mpirun -n 4 --host node1:2,node2:2", "--out", str(out)],
+                           f"{CLUSTER} mpirun -n 4 --host node1:2,node2:2", "--validate-args=--quick", "--out", str(out)],
                           env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=1500)
     steps = [m.group(1) for m in re.finditer(r"^  \((\d+ s)\)$", proc.stdout, re.M)]
     print(f"pipeline bench: {time.monotonic() - t0:.0f} s (steps: {', '.join(steps)})")
