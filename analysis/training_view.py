@@ -47,13 +47,16 @@ def pricer_of(args: argparse.Namespace, calibration) -> StepPricer:
 def _head(tp: StepPricer, calibration, path: str) -> dict:
     spec = calibration.spec()
     m = tp.model
+    runs = calibration.result.provenance.get("runs", [])
+    refined = [str(r.get("run_id", "?")) for r in runs if spec and "spec" not in r.get("origin", {})]
     return {"model": m.name, "parameters": m.params, "devices": tp.devices, "gpus_per_node": tp.gpus_per_node,
-            "calibration": path, "spec": spec["file"] if spec else None, "dtype": tp.dtype,
+            "calibration": path, "spec": spec["file"] if spec else None, "refined_by": refined, "dtype": tp.dtype,
             "memory_per_device_bytes": tp.memory_bytes}
 
 
 def _print_head(head: dict) -> None:
-    origin = f" (from the spec {head['spec']})" if head["spec"] else ""
+    refined = f", refined by {len(head['refined_by'])} measured run(s)" if head["refined_by"] else ""
+    origin = f" (from the spec {head['spec']}{refined})" if head["spec"] else ""
     cap = fmt_bytes(head["memory_per_device_bytes"]) if head["memory_per_device_bytes"] else "unknown (unchecked)"
     print(f"model {head['model']}: {head['parameters'] / 1e9:.4g}B parameters on {head['devices']} devices, "
           f"{head['gpus_per_node']} per node; calibration {head['calibration']}{origin}; {head['dtype']}; "

@@ -107,6 +107,8 @@ def test_refined_calibration_reads_everywhere(capsys, selene_refined):
                  ["export", cal, "--format", "simai", "--out", str(tmp / "busbw.yaml")]):
         code, out, err = run_main(capsys, args)
         assert code == 0 and out, (args, err)
+        if args[0] == "search":
+            assert "(from the spec selene, refined by 1 measured run(s))" in out, out
 
 
 def test_measured_gemm_and_copy_replace_the_spec_rates(capsys, tmp_path):
