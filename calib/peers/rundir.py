@@ -6,6 +6,7 @@ median that is not one."""
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,7 +116,8 @@ def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link
         raise UsageError(f"--out {out} exists and is not empty; choose another directory")
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     first = logs[0]
-    run_id = f"import-{first.peer}-{now.replace(':', '').replace('-', '')[:15]}"
+    # the second's stamp and a random tag: two imports within one second stay two runs
+    run_id = f"import-{first.peer}-{now.replace(':', '').replace('-', '')[:15]}-{secrets.token_hex(3)}"
     rows, seen, ranks = [], {}, hosts
     for log in logs:
         ranks = log.hosts or hosts
