@@ -240,8 +240,10 @@ class Calibration:
         t, seg, a, bn = m.terms(op, procs, np.array([float(nbytes)]))
         t, i, bn = float(t[0]), int(seg[0]), float(bn[0])
         a = float(a)
-        var = a * a * m.var_alpha[i] + bn * bn * m.var_beta[i] + 2 * a * bn * m.cov[i] + (t * m.rel_sd[i]) ** 2
-        half = Z95 * math.sqrt(max(var, 0.0))
+        with np.errstate(over="ignore", invalid="ignore"):      # a file's huge variances: an infinite interval
+            var = float(a * a * m.var_alpha[i] + bn * bn * m.var_beta[i] + 2 * a * bn * m.cov[i]
+                        + (t * m.rel_sd[i]) ** 2)
+        half = Z95 * math.sqrt(var) if var > 0 else (math.inf if math.isnan(var) else 0.0)
         notes = []
         extrapolated = False
         if op not in P2P_OPS and procs not in m.procs:
