@@ -15,7 +15,7 @@ import numpy as np
 from jsonschema import Draft202012Validator
 
 from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_terms, segment_bounds
-from calib.result import SCHEMA, VERSION, CalibrationResult, Model
+from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
@@ -187,7 +187,8 @@ class Calibration:
     def path_advice(self) -> tuple[str, ...]:
         """One line per way this calibration was made that is known to rank strategies worse than the default path
         (docs/methodology.md, "The default path"): a quick preset, or sweeps that measured between nodes in one MPI
-        launch only. Empty where the provenance does not say (older files, imports, specs)."""
+        launch only; and models whose points moved between launches (a validate's launch may meet either speed).
+        Empty where the provenance does not say (older files, imports, specs)."""
         runs = self.result.provenance.get("runs", [])
         lines = []
         if any(r.get("preset") == "quick" for r in runs):
@@ -197,6 +198,14 @@ class Calibration:
         if between_nodes and runs and all(r.get("launches") == 1 for r in runs):
             lines.append("every point was measured in one MPI launch: modes an MPI library picks per launch are not "
                          "in its prices (slurm/sweep.sh measures in two; docs/methodology.md#launches)")
+        moved = sorted(((m.launch_spread.max, op, link, m.launch_spread) for (op, link), m in self.result.models.items()
+                        if m.launch_spread is not None and m.launch_spread.max > LAUNCH_WARN), reverse=True)
+        if moved:
+            _, op, link, worst = moved[0]
+            lines.append(f"{len(moved)} model(s) moved between MPI launches by more than {LAUNCH_WARN:.0%} (most: "
+                         f"{op}/{link}, {worst.max:.0%} at {worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): a "
+                         "launch runs such points at one of their speeds, so a validate can miss their price by that "
+                         "much however well the rest is priced (docs/methodology.md#launches)")
         return tuple(lines)
 
     def link_classes(self) -> dict[str, dict]:

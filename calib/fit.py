@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from calib.algorithms import P2P_OPS, algorithm, candidates, distinguishable
-from calib.result import (AfterCompute, CalibrationResult, Candidate, CopyRate, GemmRate, HockneyRow, LaunchSpread,
-                          Model, p2p_of)
+from calib.result import (LAUNCH_WARN, AfterCompute, CalibrationResult, Candidate, CopyRate, GemmRate, HockneyRow,
+                          LaunchSpread, Model, p2p_of)
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.regimes import change_warnings, hidden_changes
@@ -70,12 +70,6 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
     other = min(fixed, key=lambda s: s[0].key())
     gain = bic[0].median - (np.inf if other[0].median is None else other[0].median)
     return other if gain > max(share * bic[0].median, least_gain) else bic
-
-
-LAUNCH_WARN = 0.10
-"""Above this launch spread (half the range of a point's per-launch medians, relative to the median) a point counts as
-moving between MPI launches, and fit warns: the MPI library chose another mode (a protocol, a placement) in another
-launch, so one launch's time is not the time every launch sees (docs/methodology.md, "Launches")."""
 
 
 def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:

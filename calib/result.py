@@ -101,6 +101,12 @@ class HeldOut(Record):
     p90_abs_rel_err_ge_4KiB: float | None
 
 
+LAUNCH_WARN = 0.10
+"""Above this launch spread (half the range of a point's per-launch medians, relative to the median) a point counts as
+moving between MPI launches, and fit warns: the MPI library chose another mode (a protocol, a placement) in another
+launch, so one launch's time is not the time every launch sees (docs/methodology.md, "Launches")."""
+
+
 @dataclass(frozen=True)
 class LaunchSpread(Record):
     """How far a model's points measured in more than one MPI launch (a sweep and its resumptions, or several runs

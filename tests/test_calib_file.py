@@ -267,3 +267,18 @@ def test_validate_is_told_when_a_calibration_came_from_a_path_known_to_rank_wors
                                    "mpi_library": "x", "versions": {}, **r} for r in runs]
     advice = calibration_from_dict(data).path_advice()
     assert len(advice) == len(says) and all(s in line for s, line in zip(says, advice))
+
+
+def test_validate_is_told_which_models_moved_between_launches():
+    """A model whose points ran at other speeds in other launches: one advice line naming the most moved model."""
+    data = synthetic_calibration({("allgather", "inter"): (5e-6, 1e-9), ("allreduce", "inter"): (5e-6, 1e-9)},
+                                 links={"inter": [2, 4]})
+    assert calibration_from_dict(data).path_advice() == ()
+    data["models"]["allgather"]["inter"]["launch_spread"] = {"launches": 2, "n_points": 9, "median": 0.02,
+                                                            "max": 0.235, "max_at_bytes": 4194304.0,
+                                                            "max_at_procs": 2}
+    data["models"]["allreduce"]["inter"]["launch_spread"] = {"launches": 2, "n_points": 9, "median": 0.01,
+                                                            "max": 0.05, "max_at_bytes": 8.0, "max_at_procs": 2}
+    advice = calibration_from_dict(data).path_advice()
+    assert len(advice) == 1 and advice[0].startswith("1 model(s) moved between MPI launches by more than 10%")
+    assert "allgather/inter, 24% at 4.1943e+06 B, 2 ranks" in advice[0], advice
