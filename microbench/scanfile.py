@@ -79,6 +79,13 @@ class ScanRow:
 SCAN_COLUMNS = tuple(ScanRow.__dataclass_fields__)
 
 
+def _flag(value) -> bool:
+    """A JSON boolean, or ValueError (a string "false" must not read as true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"not a boolean: {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Recheck:
     """One figure measured twice: its two medians and whether the second (the faster) was kept; scan.json holds
@@ -183,22 +190,21 @@ class Scan:
         for e in entries if isinstance(entries, list) else []:
             try:
                 out.append(Recheck(str(e["op"]), str(e["node_a"]), str(e["node_b"]), int(e["size_bytes"]),
-                                   float(e["first_s"]), float(e["second_s"]), bool(e["kept_second"])))
+                                   float(e["first_s"]), float(e["second_s"]), _flag(e["kept_second"])))
             except (KeyError, TypeError, ValueError):
                 continue
         return tuple(out)
 
     def suspects(self) -> Suspects:
-        """The slow pairs of either pair figure and the slow nodes of the node checks, in scan order."""
+        """The slow pairs of either pair figure and the slow nodes of the node checks (pairs sorted, nodes in scan
+        order; the recheck measures pairs in their schedule rounds whatever this order)."""
         pairs: set[tuple[str, str]] = set()
         nodes: set[str] = set()
         for v in self.verdicts():
             pairs.update(v.slow_pairs)
             if v.metric in NODE_OPS:
                 nodes.update(v.slow_nodes)
-        order = {pair: i for i, pair in enumerate(zip(self.pairs["node_a"], self.pairs["node_b"]))}
-        return Suspects(tuple(sorted(pairs, key=lambda p: order.get(p, 0))),
-                        tuple(n for n in self.nodes if n in nodes))
+        return Suspects(tuple(sorted(pairs)), tuple(n for n in self.nodes if n in nodes))
 
 
 def read_scan(path: str | Path) -> Scan:

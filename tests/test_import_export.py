@@ -31,6 +31,14 @@ def imported(capsys, tmp_path: Path, name: str, logs: list[Path], *flags: str) -
     return out
 
 
+def test_two_imports_within_a_second_are_two_runs(capsys, tmp_path):
+    """The same log imported twice at once: two run ids, so a fit of both keeps two runs in its provenance."""
+    logs = [OSU / "osu_latency.txt"]
+    first, second = (imported(capsys, tmp_path, name, logs, "--link", "intra", "--procs", "2") for name in "ab")
+    ids = [json.loads((run / "run.json").read_text())["run_id"] for run in (first, second)]
+    assert ids[0] != ids[1] and all(i.startswith("import-osu-") for i in ids), ids
+
+
 def fitted(capsys, tmp_path: Path, run: Path, *flags: str) -> dict:
     cal = tmp_path / f"{run.name}.json"
     code, _, err = run_main(capsys, ["fit", str(run), "--out", str(cal), "--quiet", *flags])

@@ -123,7 +123,7 @@ def test_a_recheck_keeps_the_faster_figure_and_a_lasting_fault_stays_flagged(tmp
     assert by[(*passing, 4 << 20)].rate == pytest.approx(47.8e6)
     assert by[(*slow_pair, 4 << 20)].rate == pytest.approx(47.8e6 / 2), "a lasting fault keeps its first figure"
     assert [r.kept_second for r in record].count(True) == 1
-    meta = dict(first.meta, rechecked=[asdict(r) for r in record] + [{"op": "x"}, 3])
+    meta = dict(first.meta, rechecked=[asdict(r) for r in record] + [{"op": "x"}, 3, {**asdict(record[0]), "kept_second": "false"}])
     write_scan(tmp_path / "t", meta, kept)
     second = read_scan(tmp_path / "t")
     assert second.rechecks == tuple(record), "ill-formed entries are left out"
