@@ -18,7 +18,7 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
@@ -27,7 +27,9 @@ provenance.runs[].method and provenance.runs[].mpi_thread_level; absent: commcal
 than one MPI launch, preset and launches unknown; 13 added compute.gemm.*.wave_tiles,
 tile_rows and tile_cols; absent: no wave quantization; 14 added topology, the switch levels, and the link classes
 inter2..inter9; absent: flat, one inter level; 15 added models[op][link].source, compute.gemm.*.source and
-compute.copy.source, where each came from in a spec refined by measurements; absent: every run of the provenance)."""
+compute.copy.source, where each came from in a spec refined by measurements; absent: every run of the provenance; 16
+added models[op][link].launch_spread.two_speeds and .slow_ratio, points whose launches met two speeds and were priced
+at the one most met; absent: pooled medians, modes not looked for)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

@@ -74,19 +74,24 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
 
 def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:
     """The launch spread of one model's points: per (procs, size), the larger of the spread within a run (its sweep's
-    launches) and between the runs fitted together; None where no point was measured in two launches or more."""
+    launches) and between the runs fitted together; with the points whose launches met two speeds (calib.points
+    `modes`); None where no point was measured in two launches or more."""
     rows = []
     for (procs, size), g in df.groupby(["procs", "size_bytes"]):
         launches = int(pd.to_numeric(g["launches"], errors="coerce").fillna(1).clip(lower=1).sum())
         within = pd.to_numeric(g["launch_spread"], errors="coerce").fillna(0.0).max()
         across = (g["seconds"].max() - g["seconds"].min()) / 2 / g["seconds"].median() if len(g) > 1 else 0.0
+        modes = g["modes"] if "modes" in g else pd.Series(1, index=g.index)
+        ratio = float(g["mode_ratio"].max()) if "mode_ratio" in g else 1.0
         if launches >= 2:
-            rows.append((max(float(within), float(across)), launches, float(size), int(procs)))
+            rows.append((max(float(within), float(across)), launches, float(size), int(procs),
+                         int((modes > 1).sum()), ratio if np.isfinite(ratio) else 1.0))
     if not rows:
         return None
     spreads = np.array([r[0] for r in rows])
     worst = rows[int(np.argmax(spreads))]
-    return LaunchSpread(max(r[1] for r in rows), len(rows), float(np.median(spreads)), worst[0], worst[2], worst[3])
+    return LaunchSpread(max(r[1] for r in rows), len(rows), float(np.median(spreads)), worst[0], worst[2], worst[3],
+                        sum(r[4] for r in rows), max(r[5] for r in rows))
 
 
 def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[Model | None, list[str]]:
@@ -125,8 +130,10 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[M
     if spread is not None and spread.max > LAUNCH_WARN:
         warnings.append(f"{tag}: points move between MPI launches by up to {spread.max:.0%} "
                         f"({spread.max_at_bytes:g} B, {spread.max_at_procs} ranks; median {spread.median:.1%} over "
-                        f"{spread.n_points} points): the MPI library picks a mode per launch; the model prices their "
-                        f"pooled median")
+                        f"{spread.n_points} points): the MPI library picks a mode per launch; "
+                        + (f"{spread.two_speeds} point(s) met two speeds (the slower up to {spread.slow_ratio:.2f}x) "
+                           f"and are priced at the speed most of their launches met"
+                           if spread.two_speeds else "the model prices their pooled median"))
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
     by_name = {f.algorithm.name: (h, f) for h, f, _ in choices}
     cand = [Candidate(alg.name, h.median, h.p90, len(f.segments))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 15
+VERSION = 16
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -118,6 +118,11 @@ class LaunchSpread(Record):
     max: float
     max_at_bytes: float
     max_at_procs: int
+    two_speeds: int | None = field(default=None, metadata=OPTIONAL)
+    """(version 16) Points whose launches met different speeds (microbench.stats.launch_modes), each priced at the
+    speed most of its launches met; None in files before it."""
+    slow_ratio: float | None = field(default=None, metadata=OPTIONAL)
+    """(version 16) The largest ratio of a point's slowest speed to its priced one (1.0: none had two)."""
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,53 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
                     float(np.mean([v.mean() for v in visits])))
 
 
+MODE_GAP = 0.15
+"""Two launches of a point met different modes, not one speed drawn twice, when the slower one's median exceeds the
+faster one's by more than this share and their CIs (or, with too few samples for one, their samples) do not
+overlap: Open MPI's TCP rendezvous ran a point at 1x or
+1.2-2x its wire time, drawn per launch (docs/results.md, "Two speeds per point"), while launches that met one speed
+agreed within a few percent."""
+
+
+@dataclass(frozen=True)
+class Modes:
+    """A point's launches grouped by the speed they met (a launch whose median lies within MODE_GAP of the next
+    faster one's, or whose CI overlaps that one's, met the same speed; a launch of too few samples for a CI stands
+    for the range of its samples)."""
+
+    median: float       # the price: the pooled median of the mode most launches met (the faster one on a tie)
+    count: int          # speeds seen: 1 where every launch met one (or there was one launch)
+    slow_ratio: float   # the slowest mode's median over the priced one (1.0: one speed)
+
+
+def launch_modes(launches: list[list[np.ndarray]], confidence: float = 0.95) -> Modes:
+    """The modes of a point's launches (each a list of its visits' samples). With one speed the price is the
+    pooled median of every visit, as pooled_estimate has it; with several, that of the mode most launches met,
+    since a pooled median of two speeds lies at whichever holds the middle sample, a speed no launch ran at or the
+    rarer one; on a tie the faster, as a disturbance only ever slows a launch."""
+    launches = [[v for v in visits if len(v)] for visits in launches]
+    launches = [visits for visits in launches if visits]
+    if not launches:
+        return Modes(float("nan"), 0, 1.0)
+    ests = [pooled_estimate(visits, confidence) for visits in launches]
+    # a launch's interval: its median's CI, or where it has too few samples for one, the range of its samples
+    spans = [(e.ci_low, e.ci_high) if math.isfinite(e.ci_low) else (e.min, max(float(v.max()) for v in visits))
+             for e, visits in zip(ests, launches)]
+    order = sorted(range(len(ests)), key=lambda i: ests[i].median)
+    groups = [[order[0]]]
+    for faster, i in zip(order, order[1:]):
+        if ests[i].median > ests[faster].median * (1 + MODE_GAP) and spans[i][0] > spans[faster][1]:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    if len(groups) == 1:
+        return Modes(pooled_estimate([v for visits in launches for v in visits], confidence).median, 1, 1.0)
+    kept = max(groups, key=len)
+    median = pooled_estimate([v for i in kept for v in launches[i]], confidence).median
+    slowest = pooled_estimate([v for i in groups[-1] for v in launches[i]], confidence).median
+    return Modes(median, len(groups), slowest / median if median > 0 else 1.0)
+
+
 @dataclass(frozen=True)
 class StopRule:
     """Repeat until the median's 95% CI is within +-target_ci, or until the point's time budget runs

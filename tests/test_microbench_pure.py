@@ -16,7 +16,8 @@ from microbench.buffers import Pool, address
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
-from microbench.stats import StopRule, estimate, median_ci_ranks, pooled_estimate, round_spread, sample_until_done
+from microbench.stats import (MODE_GAP, StopRule, estimate, launch_modes, median_ci_ranks, pooled_estimate, round_spread,
+                              sample_until_done)
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
@@ -134,6 +135,32 @@ def test_pooled_estimate_reduces_to_the_plain_estimate_for_one_visit_or_visits_o
     equal = [rng.permutation(one[:20]) for _ in range(3)]
     got, want = pooled_estimate(equal), estimate(np.concatenate(equal))
     assert (got.median, got.ci_low, got.ci_high) == pytest.approx((want.median, want.ci_low, want.ci_high))
+
+
+def test_launch_modes_price_the_speed_most_launches_met_and_the_faster_on_a_tie():
+    """Launches at 1x and 1.9x a wire time are two speeds: the price is the one most launches met, the faster when
+    they split evenly (a pooled median would land on either); launches within MODE_GAP of each other are one speed,
+    priced at their pooled median."""
+    rng = np.random.default_rng(5)
+
+    def launch(t, visits=3, n=20):
+        return [t * (1 + 0.01 * rng.standard_normal(n)) for _ in range(visits)]
+
+    two = launch_modes([launch(1.0), launch(1.9)])
+    assert two.count == 2 and two.median == pytest.approx(1.0, rel=0.02) and two.slow_ratio == pytest.approx(1.9, rel=0.03)
+    assert launch_modes([launch(1.9), launch(1.0)]).median == pytest.approx(1.0, rel=0.02)
+    most = launch_modes([launch(1.9), launch(1.0), launch(1.9)])
+    assert most.count == 2 and most.median == pytest.approx(1.9, rel=0.02) and most.slow_ratio == pytest.approx(1.0)
+    close = [launch(1.0), launch(1.0 + MODE_GAP / 2)]
+    one = launch_modes(close)
+    assert one.count == 1 and one.slow_ratio == 1.0
+    assert one.median == pooled_estimate([v for visits in close for v in visits]).median
+    assert launch_modes([close[0]]).median == pooled_estimate(close[0]).median
+    # too few samples for a CI: apart only where every sample of the slower launch lies above the faster's
+    assert launch_modes([launch(1.0, 1, 4), launch(1.9, 1, 4)]).count == 2
+    wide = [np.array([1.0, 1.01, 1.02, 2.5]), np.array([1.9, 1.92, 1.95])]
+    assert launch_modes([[wide[0]], [wide[1]]]).count == 1
+    assert launch_modes([]).count == 0 and launch_modes([[np.empty(0)]]).count == 0
 
 
 def test_pooled_ci_covers_the_drift_between_visits_that_the_pooled_samples_hide():
