@@ -28,8 +28,8 @@ than one MPI launch, preset and launches unknown; 13 added compute.gemm.*.wave_t
 tile_rows and tile_cols; absent: no wave quantization; 14 added topology, the switch levels, and the link classes
 inter2..inter9; absent: flat, one inter level; 15 added models[op][link].source, compute.gemm.*.source and
 compute.copy.source, where each came from in a spec refined by measurements; absent: every run of the provenance; 16
-added models[op][link].launch_spread.two_speeds and .slow_ratio, points whose launches met two speeds and were priced
-at the one most met; absent: pooled medians, modes not looked for)."""
+added models[op][link].speeds, the points whose calls ran at several speeds, priced at the fastest held by a quarter
+to a half of their calls; absent: every point priced at its pooled median)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

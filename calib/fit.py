@@ -12,7 +12,7 @@ import pandas as pd
 
 from calib.algorithms import P2P_OPS, algorithm, candidates, distinguishable
 from calib.result import (LAUNCH_WARN, AfterCompute, CalibrationResult, Candidate, CopyRate, GemmRate, HockneyRow,
-                          LaunchSpread, Model, p2p_of)
+                          LaunchSpread, Model, Speeds, p2p_of)
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.regimes import change_warnings, hidden_changes
@@ -74,24 +74,32 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
 
 def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:
     """The launch spread of one model's points: per (procs, size), the larger of the spread within a run (its sweep's
-    launches) and between the runs fitted together; with the points whose launches met two speeds (calib.points
-    `modes`); None where no point was measured in two launches or more."""
+    launches) and between the runs fitted together; None where no point was measured in two launches or more."""
     rows = []
     for (procs, size), g in df.groupby(["procs", "size_bytes"]):
         launches = int(pd.to_numeric(g["launches"], errors="coerce").fillna(1).clip(lower=1).sum())
         within = pd.to_numeric(g["launch_spread"], errors="coerce").fillna(0.0).max()
         across = (g["seconds"].max() - g["seconds"].min()) / 2 / g["seconds"].median() if len(g) > 1 else 0.0
-        modes = g["modes"] if "modes" in g else pd.Series(1, index=g.index)
-        ratio = float(g["mode_ratio"].max()) if "mode_ratio" in g else 1.0
         if launches >= 2:
-            rows.append((max(float(within), float(across)), launches, float(size), int(procs),
-                         int((modes > 1).sum()), ratio if np.isfinite(ratio) else 1.0))
+            rows.append((max(float(within), float(across)), launches, float(size), int(procs)))
     if not rows:
         return None
     spreads = np.array([r[0] for r in rows])
     worst = rows[int(np.argmax(spreads))]
-    return LaunchSpread(max(r[1] for r in rows), len(rows), float(np.median(spreads)), worst[0], worst[2], worst[3],
-                        sum(r[4] for r in rows), max(r[5] for r in rows))
+    return LaunchSpread(max(r[1] for r in rows), len(rows), float(np.median(spreads)), worst[0], worst[2], worst[3])
+
+
+def speeds(df: pd.DataFrame) -> Speeds | None:
+    """The points of one model priced at a fast speed below their pooled median (calib.points `slow_ratio` > 1),
+    None where there are none."""
+    if "slow_ratio" not in df:
+        return None
+    ratio = pd.to_numeric(df["slow_ratio"], errors="coerce")
+    fast = ratio > 1
+    if not fast.any():
+        return None
+    worst = df.loc[ratio.idxmax()]
+    return Speeds(int(fast.sum()), len(df), float(ratio.max()), float(worst["size_bytes"]), int(worst["procs"]))
 
 
 def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[Model | None, list[str]]:
@@ -130,16 +138,19 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[M
     if spread is not None and spread.max > LAUNCH_WARN:
         warnings.append(f"{tag}: points move between MPI launches by up to {spread.max:.0%} "
                         f"({spread.max_at_bytes:g} B, {spread.max_at_procs} ranks; median {spread.median:.1%} over "
-                        f"{spread.n_points} points): the MPI library picks a mode per launch; "
-                        + (f"{spread.two_speeds} point(s) met two speeds (the slower up to {spread.slow_ratio:.2f}x) "
-                           f"and are priced at the speed most of their launches met"
-                           if spread.two_speeds else "the model prices their pooled median"))
+                        f"{spread.n_points} points): the MPI library picks a mode per launch; the model prices their "
+                        f"pooled median")
+    fast = speeds(df)
+    if fast is not None:
+        warnings.append(f"{tag}: {fast.n_points} of {fast.of_points} points ran at several speeds, a quarter to a half of "
+                        f"their calls at the fastest; priced at that speed, their pooled median up to "
+                        f"{fast.max_ratio:.2f}x it ({fast.max_at_bytes:g} B, {fast.max_at_procs} ranks)")
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
     by_name = {f.algorithm.name: (h, f) for h, f, _ in choices}
     cand = [Candidate(alg.name, h.median, h.p90, len(f.segments))
             for alg in algs for h, f in [by_name.get(alg.name, (held, fit))]]
     model = Model.build(chosen.name, chosen.description, procs, identifiable, opts.method,
-                        [s.segment() for s in fit.segments], cand, held.result(), warnings, least, spread)
+                        [s.segment() for s in fit.segments], cand, held.result(), warnings, least, spread, fast)
     return model, warnings
 
 

@@ -1,5 +1,5 @@
 """Reading sweep runs for the fit: every point's summary row joined with the median of its samples
-(robust to outlying iterations; every visit weighing the same; of the speed most launches met where they met two),
+(robust to outlying iterations; every visit weighing the same; of the fast speed where its calls ran at several),
 plus each run's provenance. Reads through
 microbench.records only."""
 
@@ -15,7 +15,7 @@ from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS
-from microbench.stats import launch_modes
+from microbench.stats import fastest_speed
 from microbench.switches import Topology
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
@@ -98,32 +98,27 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
             for host, f in steal.items() if isinstance(f, (int, float)) and f > STEAL_WARN]
 
 
-def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray,
-                    launches: np.ndarray) -> pd.DataFrame:
-    """Per point (index: names[code]): `seconds`, the median of its samples with every visit (round) weighing the
-    same, as the sweep's summary has it, or where its launches met different speeds the median of the speed most
-    of them met (microbench.stats.launch_modes); `modes`, the speeds seen; `mode_ratio`, the slowest over the
-    priced one; and `n_samples`. Runs store samples by point and round already; sorting happens only where they
-    are not."""
+def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
+    """Per point (index: names[code]): `seconds`, its price (microbench.stats.fastest_speed: the median of its
+    samples with every visit (round) weighing the same, as the sweep's summary has it, unless a faster speed held
+    by a quarter to a half of its calls sets it); `slow_ratio`, the pooled median over that price; and
+    `n_samples`. Runs store samples by point and round already; sorting happens only where they are not."""
     if not len(seconds):
-        return pd.DataFrame({"seconds": [], "n_samples": [], "modes": [], "mode_ratio": []},
-                            index=pd.Index([], dtype=str))
+        return pd.DataFrame({"seconds": [], "n_samples": [], "slow_ratio": []}, index=pd.Index([], dtype=str))
     key = (codes.astype(np.int64) << 32) | rounds.astype(np.int64)
     if len(key) > 1 and (key[1:] < key[:-1]).any():
         order = np.argsort(key, kind="stable")
-        key, seconds, launches = key[order], seconds[order], launches[order]
+        key, seconds = key[order], seconds[order]
         del order
     visit_starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     point_of_visit = key[visit_starts] >> 32
-    launch_of_visit = launches[visit_starts]
     new_point = np.r_[True, point_of_visit[1:] != point_of_visit[:-1]]
     visits = np.split(seconds, visit_starts[1:])
     per_point = np.split(np.arange(len(visit_starts)), np.flatnonzero(new_point)[1:])
-    modes = [launch_modes([[visits[v] for v in vs if launch_of_visit[v] == k]
-                           for k in np.unique(launch_of_visit[vs])]) for vs in per_point]
+    speeds = [fastest_speed([visits[v] for v in vs]) for vs in per_point]
     sizes = np.diff(np.r_[visit_starts[new_point], len(key)])
-    return pd.DataFrame({"seconds": [m.median for m in modes], "n_samples": sizes,
-                         "modes": [m.count for m in modes], "mode_ratio": [m.slow_ratio for m in modes]},
+    return pd.DataFrame({"seconds": [sp.median for sp in speeds], "n_samples": sizes,
+                         "slow_ratio": [sp.slow_ratio for sp in speeds]},
                         index=pd.Index(names[point_of_visit[new_point]], dtype=str))
 
 
@@ -150,7 +145,7 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]
     meta = records.read_run_json(run_dir)
     summary = records.load_summary(run_dir)
     try:
-        samples = records.load_samples(run_dir, columns=["point_id", "time_s", "round", "launch"])
+        samples = records.load_samples(run_dir, columns=["point_id", "time_s", "round"])
     except UsageError as exc:
         raise UsageError(f"{run_dir}: no samples to fit ({exc})") from None
     missing = [c for c in _KEEP if c not in summary.columns] + \
@@ -162,13 +157,12 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]
     times = pd.to_numeric(samples["time_s"], errors="coerce")
     good = times.between(*SECONDS).to_numpy()
     ids = samples["point_id"].astype("category")
-    columns = [ids.cat.codes.to_numpy(), samples["round"].to_numpy(), times.to_numpy(),
-               pd.to_numeric(samples["launch"], errors="coerce").fillna(0).to_numpy(np.int64)]
+    columns = [ids.cat.codes.to_numpy(), samples["round"].to_numpy(), times.to_numpy()]
     del samples, times
     if not good.all():
         columns = [c[good] for c in columns]
-    codes, rounds, seconds, launches = columns
-    stats = _point_times(codes, ids.cat.categories.astype(str), rounds, seconds, launches)
+    codes, rounds, seconds = columns
+    stats = _point_times(codes, ids.cat.categories.astype(str), rounds, seconds)
     pts = summary.loc[:, list(_KEEP)].copy()
     for col in CI:
         pts[col] = pd.to_numeric(summary[col], errors="coerce") if col in summary.columns else np.nan

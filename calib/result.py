@@ -118,11 +118,19 @@ class LaunchSpread(Record):
     max: float
     max_at_bytes: float
     max_at_procs: int
-    two_speeds: int | None = field(default=None, metadata=OPTIONAL)
-    """(version 16) Points whose launches met different speeds (microbench.stats.launch_modes), each priced at the
-    speed most of its launches met; None in files before it."""
-    slow_ratio: float | None = field(default=None, metadata=OPTIONAL)
-    """(version 16) The largest ratio of a point's slowest speed to its priced one (1.0: none had two)."""
+
+
+@dataclass(frozen=True)
+class Speeds(Record):
+    """(version 16) A model's points whose calls ran at several speeds and that are priced at the fastest one held by
+    a quarter to a half of their calls (microbench.stats.fastest_speed): how many, of how many, and the largest ratio
+    of a pooled median to its price, and where."""
+
+    n_points: int
+    of_points: int
+    max_ratio: float
+    max_at_bytes: float
+    max_at_procs: int
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,7 @@ class Model(Record):
     (largest) with their intervals, the candidates tried and the held-out error."""
 
     NESTED = {"segments": Segment, "candidates": Candidate, "heldout": HeldOut, "launch_spread": LaunchSpread,
-              "source": Source}
+              "source": Source, "speeds": Speeds}
 
     algorithm: str
     algorithm_description: str
@@ -158,16 +166,17 @@ class Model(Record):
     warnings: tuple[str, ...]
     launch_spread: LaunchSpread | None = field(default=None, metadata=OPTIONAL)
     source: Source | None = field(default=None, metadata=OPTIONAL)
+    speeds: Speeds | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def build(cls, algorithm: str, description: str, procs, identifiable: bool, fit_method: str, segments,
               candidates, heldout: HeldOut, warnings, min_segment_sizes: int | None = None,
-              launch_spread: LaunchSpread | None = None) -> "Model":
+              launch_spread: LaunchSpread | None = None, speeds: Speeds | None = None) -> "Model":
         """A model whose headline alpha is its first segment's and beta its last's."""
         first, last = segments[0], segments[-1]
         return cls(algorithm, description, tuple(procs), identifiable, fit_method, min_segment_sizes, first.alpha_s,
                    tuple(first.alpha_ci95_s), last.beta_s_per_byte, tuple(last.beta_ci95_s_per_byte),
-                   tuple(segments), tuple(candidates), heldout, tuple(warnings), launch_spread)
+                   tuple(segments), tuple(candidates), heldout, tuple(warnings), launch_spread, speeds=speeds)
 
     @property
     def params(self) -> dict[str, float]:

@@ -86,6 +86,15 @@ def _weighted_quantile(x: np.ndarray, cum: np.ndarray, q: float, between: bool =
     return float(x[i])
 
 
+def _weighted(visits: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every visit's samples sorted, with their cumulative weight (every visit weighing the same; ends at 1)."""
+    x = np.concatenate(visits)
+    w = np.concatenate([np.full(len(v), 1.0 / (len(visits) * len(v))) for v in visits])
+    order = np.argsort(x, kind="stable")
+    x, cum = x[order], np.cumsum(w[order])
+    return x, cum / cum[-1]
+
+
 def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estimate:
     """The estimate of several visits' samples with every visit weighing the same (a visit in a disturbed
     window often runs longest and takes most samples; plain pooling would let it set the median). The CI
@@ -97,11 +106,7 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     if len(visits) <= 1:
         return estimate(visits[0] if visits else np.empty(0), confidence)
-    x = np.concatenate(visits)
-    w = np.concatenate([np.full(len(v), 1.0 / (len(visits) * len(v))) for v in visits])
-    order = np.argsort(x, kind="stable")
-    x, cum = x[order], np.cumsum(w[order])
-    cum /= cum[-1]
+    x, cum = _weighted(visits)
     n_eff = int(len(visits) ** 2 / sum(1.0 / len(v) for v in visits) + 1e-9)
     ranks = median_ci_ranks(n_eff, confidence)
     lo = hi = float("nan")
@@ -116,51 +121,41 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
                     float(np.mean([v.mean() for v in visits])))
 
 
-MODE_GAP = 0.15
-"""Two launches of a point met different modes, not one speed drawn twice, when the slower one's median exceeds the
-faster one's by more than this share and their CIs (or, with too few samples for one, their samples) do not
-overlap: Open MPI's TCP rendezvous ran a point at 1x or
-1.2-2x its wire time, drawn per launch (docs/results.md, "Two speeds per point"), while launches that met one speed
-agreed within a few percent."""
+SPEED_GAP = 0.15
+"""Calls of one point ran at different speeds where its sorted samples jump by more than this share: Open MPI's TCP
+rendezvous ran 1-4 MiB exchanges between two nodes at 1x, 1.5x or 2x their wire time, call by call, while calls at
+one speed lay within a few percent of each other (docs/results.md, "Two speeds per point")."""
+SPEED_SHARE = 0.25
+"""The share of a point's calls (every visit weighing the same) the fastest speed must hold to be its price: a quarter
+of the calls is a speed the machine delivers, not a fast outlier."""
 
 
 @dataclass(frozen=True)
-class Modes:
-    """A point's launches grouped by the speed they met (a launch whose median lies within MODE_GAP of the next
-    faster one's, or whose CI overlaps that one's, met the same speed; a launch of too few samples for a CI stands
-    for the range of its samples)."""
+class Speed:
+    """The speed a point is priced at: the median of its fastest speed held by at least SPEED_SHARE of its calls."""
 
-    median: float       # the price: the pooled median of the mode most launches met (the faster one on a tie)
-    count: int          # speeds seen: 1 where every launch met one (or there was one launch)
-    slow_ratio: float   # the slowest mode's median over the priced one (1.0: one speed)
+    median: float       # the price
+    share: float        # the share of the calls at the priced speed or faster (1.0: one speed, the pooled median)
+    slow_ratio: float   # the pooled median over the price (1.0: priced at the pooled median)
 
 
-def launch_modes(launches: list[list[np.ndarray]], confidence: float = 0.95) -> Modes:
-    """The modes of a point's launches (each a list of its visits' samples). With one speed the price is the
-    pooled median of every visit, as pooled_estimate has it; with several, that of the mode most launches met,
-    since a pooled median of two speeds lies at whichever holds the middle sample, a speed no launch ran at or the
-    rarer one; on a tie the faster, as a disturbance only ever slows a launch."""
-    launches = [[v for v in visits if len(v)] for visits in launches]
-    launches = [visits for visits in launches if visits]
-    if not launches:
-        return Modes(float("nan"), 0, 1.0)
-    ests = [pooled_estimate(visits, confidence) for visits in launches]
-    # a launch's interval: its median's CI, or where it has too few samples for one, the range of its samples
-    spans = [(e.ci_low, e.ci_high) if math.isfinite(e.ci_low) else (e.min, max(float(v.max()) for v in visits))
-             for e, visits in zip(ests, launches)]
-    order = sorted(range(len(ests)), key=lambda i: ests[i].median)
-    groups = [[order[0]]]
-    for faster, i in zip(order, order[1:]):
-        if ests[i].median > ests[faster].median * (1 + MODE_GAP) and spans[i][0] > spans[faster][1]:
-            groups.append([i])
-        else:
-            groups[-1].append(i)
-    if len(groups) == 1:
-        return Modes(pooled_estimate([v for visits in launches for v in visits], confidence).median, 1, 1.0)
-    kept = max(groups, key=len)
-    median = pooled_estimate([v for i in kept for v in launches[i]], confidence).median
-    slowest = pooled_estimate([v for i in groups[-1] for v in launches[i]], confidence).median
-    return Modes(median, len(groups), slowest / median if median > 0 else 1.0)
+def fastest_speed(visits: list[np.ndarray], confidence: float = 0.95) -> Speed:
+    """The price of a point whose calls may run at several speeds. Where the fastest speed holding at least
+    SPEED_SHARE of the calls holds less than half, the pooled median lies on a slower speed (or between two, where no
+    call ran), so the price is that fastest speed's median: a validate's calls ran at the fast speed where a sweep's
+    back-to-back calls drew the slower ones (docs/methodology.md, "Speeds"). Elsewhere the pooled median."""
+    visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
+    pooled = pooled_estimate(visits, confidence).median
+    if not visits:
+        return Speed(pooled, 1.0, 1.0)
+    x, cum = _weighted(visits)
+    for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
+        if cum[i] >= SPEED_SHARE:
+            if cum[i] >= 0.5 or not x[i] > 0:
+                break
+            median = _weighted_quantile(x[:i + 1], cum[:i + 1] / cum[i], 0.5, between=True)
+            return Speed(median, float(cum[i]), pooled / median)
+    return Speed(pooled, 1.0, 1.0)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Pure parts of the measurement engine: sizes, the median CI and stopping rule, bus factors,
 layouts, link-class groups and the CPU steal arithmetic. No MPI needed."""
 
+import math
 import os
 import re
 import subprocess
@@ -16,8 +17,8 @@ from microbench.buffers import Pool, address
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
-from microbench.stats import (MODE_GAP, StopRule, estimate, launch_modes, median_ci_ranks, pooled_estimate, round_spread,
-                              sample_until_done)
+from microbench.stats import (SPEED_GAP, StopRule, estimate, fastest_speed, median_ci_ranks, pooled_estimate,
+                              round_spread, sample_until_done)
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
@@ -137,30 +138,29 @@ def test_pooled_estimate_reduces_to_the_plain_estimate_for_one_visit_or_visits_o
     assert (got.median, got.ci_low, got.ci_high) == pytest.approx((want.median, want.ci_low, want.ci_high))
 
 
-def test_launch_modes_price_the_speed_most_launches_met_and_the_faster_on_a_tie():
-    """Launches at 1x and 1.9x a wire time are two speeds: the price is the one most launches met, the faster when
-    they split evenly (a pooled median would land on either); launches within MODE_GAP of each other are one speed,
-    priced at their pooled median."""
+def test_fastest_speed_prices_a_fast_speed_the_pooled_median_misses():
+    """Calls at 1x and 1.9x a wire time: where the fast speed holds a quarter to a half of the calls the price is its
+    median (the pooled median lies on the slow one); where it holds more, or less than a quarter, or the samples lie
+    within SPEED_GAP of each other, the pooled median. Every visit weighs the same."""
     rng = np.random.default_rng(5)
 
-    def launch(t, visits=3, n=20):
-        return [t * (1 + 0.01 * rng.standard_normal(n)) for _ in range(visits)]
+    def calls(t, n):
+        return t * (1 + 0.01 * rng.standard_normal(n))
 
-    two = launch_modes([launch(1.0), launch(1.9)])
-    assert two.count == 2 and two.median == pytest.approx(1.0, rel=0.02) and two.slow_ratio == pytest.approx(1.9, rel=0.03)
-    assert launch_modes([launch(1.9), launch(1.0)]).median == pytest.approx(1.0, rel=0.02)
-    most = launch_modes([launch(1.9), launch(1.0), launch(1.9)])
-    assert most.count == 2 and most.median == pytest.approx(1.9, rel=0.02) and most.slow_ratio == pytest.approx(1.0)
-    close = [launch(1.0), launch(1.0 + MODE_GAP / 2)]
-    one = launch_modes(close)
-    assert one.count == 1 and one.slow_ratio == 1.0
-    assert one.median == pooled_estimate([v for visits in close for v in visits]).median
-    assert launch_modes([close[0]]).median == pooled_estimate(close[0]).median
-    # too few samples for a CI: apart only where every sample of the slower launch lies above the faster's
-    assert launch_modes([launch(1.0, 1, 4), launch(1.9, 1, 4)]).count == 2
-    wide = [np.array([1.0, 1.01, 1.02, 2.5]), np.array([1.9, 1.92, 1.95])]
-    assert launch_modes([[wide[0]], [wide[1]]]).count == 1
-    assert launch_modes([]).count == 0 and launch_modes([[np.empty(0)]]).count == 0
+    visits = [np.r_[calls(1.0, 4), calls(1.9, 6)] for _ in range(3)]
+    sp = fastest_speed(visits)
+    assert sp.median == pytest.approx(1.0, rel=0.02) and sp.share == pytest.approx(0.4)
+    assert sp.slow_ratio == pytest.approx(pooled_estimate(visits).median / sp.median)
+    assert pooled_estimate(visits).median == pytest.approx(1.9, rel=0.02)
+    # a visit of many fast samples weighs no more than one of few
+    weighted = [np.r_[calls(1.0, 40)], calls(1.9, 5), calls(1.9, 5)]
+    assert fastest_speed(weighted).median == pytest.approx(1.0, rel=0.02)
+    for one in ([np.r_[calls(1.0, 6), calls(1.9, 4)]],            # fast is most: the pooled median is on it
+                [np.r_[calls(1.0, 2), calls(1.9, 8)]],            # a fifth: fast outliers, not a speed
+                [calls(1.0, 10) * np.linspace(1, 1 + SPEED_GAP, 10)]):  # one spread speed
+        sp = fastest_speed(one)
+        assert (sp.median, sp.share, sp.slow_ratio) == (pooled_estimate(one).median, 1.0, 1.0)
+    assert math.isnan(fastest_speed([]).median) and fastest_speed([np.empty(0)]).share == 1.0
 
 
 def test_pooled_ci_covers_the_drift_between_visits_that_the_pooled_samples_hide():
