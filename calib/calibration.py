@@ -189,7 +189,8 @@ class Calibration:
     def path_advice(self) -> tuple[str, ...]:
         """One line per way this calibration was made that is known to rank strategies worse than the default path
         (docs/methodology.md, "The default path"): a quick preset, or sweeps that measured between nodes in one MPI
-        launch only; and models whose points moved between launches (a validate's launch may meet either speed).
+        launch only; models whose points moved between launches (a validate's launch may meet either speed); and
+        models priced at the fast one of several speeds.
         Empty where the provenance does not say (older files, imports, specs)."""
         runs = self.result.provenance.get("runs", [])
         lines = []
@@ -208,6 +209,14 @@ class Calibration:
                          f"{op}/{link}, {worst.max:.0%} at {worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): a "
                          "launch runs such points at one of their speeds, so a validate can miss their price by that "
                          "much however well the rest is priced (docs/methodology.md#launches)")
+        fast = sorted(((m.speeds.max_ratio, op, link, m.speeds) for (op, link), m in self.result.models.items()
+                       if m.speeds is not None), reverse=True)
+        if fast:
+            _, op, link, worst = fast[0]
+            lines.append(f"{len(fast)} model(s) priced some points at the fast one of several speeds their calls ran "
+                         f"at (most: {op}/{link}, pooled median {worst.max_ratio:.2f}x the price at "
+                         f"{worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): steps that draw the slow speeds run "
+                         "up to that much over their price (docs/methodology.md#speeds)")
         return tuple(lines)
 
     def link_classes(self) -> dict[str, dict]:

@@ -282,3 +282,8 @@ def test_validate_is_told_which_models_moved_between_launches():
     advice = calibration_from_dict(data).path_advice()
     assert len(advice) == 1 and advice[0].startswith("1 model(s) moved between MPI launches by more than 10%")
     assert "allgather/inter, 24% at 4.1943e+06 B, 2 ranks" in advice[0], advice
+    data["models"]["allreduce"]["inter"]["speeds"] = {"n_points": 2, "of_points": 10, "max_ratio": 1.96,
+                                                     "max_at_bytes": 4194304.0, "max_at_procs": 2}
+    advice = calibration_from_dict(data).path_advice()
+    assert len(advice) == 2 and advice[1].startswith("1 model(s) priced some points at the fast one of several speeds")
+    assert "allreduce/inter, pooled median 1.96x the price at 4.1943e+06 B, 2 ranks" in advice[1], advice
