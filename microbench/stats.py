@@ -124,7 +124,7 @@ def pooled_estimate(visits: list[np.ndarray], confidence: float = 0.95) -> Estim
 SPEED_GAP = 0.15
 """Calls of one point ran at different speeds where its sorted samples jump by more than this share: Open MPI's TCP
 rendezvous ran 1-4 MiB exchanges between two nodes at 1x, 1.5x or 2x their wire time, call by call, while calls at
-one speed lay within a few percent of each other (docs/results.md, "Two speeds per point")."""
+one speed lay within a few percent of each other (docs/results.md, "Speeds within a launch")."""
 SPEED_SHARE = 0.25
 """The share of a point's calls (every visit weighing the same) the fastest speed must hold to be its price: a quarter
 of the calls is a speed the machine delivers, not a fast outlier."""
@@ -142,8 +142,9 @@ class Speed:
 def fastest_speed(visits: list[np.ndarray], confidence: float = 0.95) -> Speed:
     """The price of a point whose calls may run at several speeds. Where the fastest speed holding at least
     SPEED_SHARE of the calls holds less than half, the pooled median lies on a slower speed (or between two, where no
-    call ran), so the price is that fastest speed's median: a validate's calls ran at the fast speed where a sweep's
-    back-to-back calls drew the slower ones (docs/methodology.md, "Speeds"). Elsewhere the pooled median."""
+    call ran), so the price is that fastest speed's median: a validate's steps, between computations, ran at the fast
+    speed in most launches where a sweep's back-to-back calls drew the slower ones (docs/methodology.md, "Speeds").
+    Elsewhere the pooled median."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     pooled = pooled_estimate(visits, confidence).median
     if not visits:
