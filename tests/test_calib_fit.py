@@ -161,8 +161,8 @@ def test_the_racks_sweep_that_missed_its_rate_is_fitted_at_its_truth():
 def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_path):
     """The racks sweep with three of a cross-rack level's sizes rewritten as Open MPI's TCP rendezvous ran exchanges
     between the nodes: three of every five calls at 1.9x the wire time, so the pooled medians lie on the slow speed.
-    The calibration still prices the level's rate within 2% of the untouched fit's, and counts and names those
-    points."""
+    The calibration still prices those sizes and the level's rate within 2% of the untouched fit's (priced at the
+    pooled medians they were 1.2-1.9x), and counts and names those points."""
     import shutil
     run = tmp_path / "run"
     shutil.copytree(DATA / "runs" / "racks-pingpong-tbf", run)
@@ -179,6 +179,9 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     data = fit_calibration(runs)
     rate = data["p2p"]["pingpong"]["inter2"]["bandwidth_bytes_per_s"]
     assert rate / clean["p2p"]["pingpong"]["inter2"]["bandwidth_bytes_per_s"] == pytest.approx(1, abs=0.02)
+    sizes = np.array([1 << 20, 2 << 20, 3 << 20, 4 << 20], dtype=float)
+    priced = [calibration_from_dict(d).predict_seconds("pingpong", "inter2", 2, sizes) for d in (data, clean)]
+    assert np.allclose(priced[0] / priced[1], 1, atol=0.02), priced[0] / priced[1]   # pooled medians: 1.2-1.9x
     model = data["models"]["pingpong"]["inter2"]
     assert model["speeds"]["n_points"] >= 3 and model["speeds"]["max_ratio"] > 1.5
     assert any("ran at several speeds" in w for w in model["warnings"])
