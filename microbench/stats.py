@@ -139,17 +139,19 @@ class Speed:
     slow_ratio: float   # the pooled median over the price (1.0: priced at the pooled median)
 
 
-def fastest_speed(visits: list[np.ndarray], confidence: float = 0.95) -> Speed:
+def fastest_speed(visits: list[np.ndarray]) -> Speed:
     """The price of a point whose calls may run at several speeds. Where the fastest speed holding at least
     SPEED_SHARE of the calls holds less than half, the pooled median lies on a slower speed (or between two, where no
     call ran), so the price is that fastest speed's median: a validate's steps, between computations, ran at the fast
     speed in most launches where a sweep's back-to-back calls drew the slower ones (docs/methodology.md, "Speeds").
     Elsewhere the pooled median."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
-    pooled = pooled_estimate(visits, confidence).median
     if not visits:
-        return Speed(pooled, 1.0, 1.0)
+        return Speed(float("nan"), 1.0, 1.0)
     x, cum = _weighted(visits)
+    # pooled_estimate's median, from the one sort: estimate()'s for one visit, the weighted one for several
+    pooled = (_midpoint(float(x[(len(x) - 1) // 2]), float(x[len(x) // 2])) if len(visits) == 1
+              else _weighted_quantile(x, cum, 0.5, between=True))
     for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
         if cum[i] >= SPEED_SHARE:
             if cum[i] >= 0.5 or not x[i] > 0:

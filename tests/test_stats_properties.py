@@ -1,6 +1,7 @@
 """Property tests of microbench.stats: whatever visits a point pools (one or several, few samples or many, ties,
 outliers, tiny or huge values), its CI lies within the samples' range and contains the median, or is NaN on both
-sides; and one visit pooled is exactly the plain estimate."""
+sides; one visit pooled is exactly the plain estimate; and a point's price (fastest_speed) is its pooled median or a
+faster speed among its samples, never outside them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from microbench.stats import StopRule, estimate, pooled_estimate
+from microbench.stats import StopRule, estimate, fastest_speed, pooled_estimate
 
 ANY_FINITE = st.floats(allow_nan=False, allow_infinity=False)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # means and spreads of ~1e308
@@ -68,3 +69,19 @@ def test_no_samples_is_no_estimate_and_never_meets_a_target():
     for est in (estimate(np.empty(0)), pooled_estimate([]), pooled_estimate([np.empty(0), np.empty(0)])):
         assert est.samples == 0 and all(math.isnan(v) for v in astuple(est)[1:])
         assert not est.within(1.0) and not StopRule(min_samples=0).met(est)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(timings(), min_size=1, max_size=6))
+@example([[1.0] * 4 + [1.9] * 6] * 3)
+@example([[1.7e308, 1.7e308], [1.7e308] * 5])
+def test_a_price_is_the_pooled_median_or_a_faster_speed_within_the_samples(visits):
+    arrays = [np.asarray(v, dtype=float) for v in visits]
+    samples, pooled = np.concatenate(arrays), pooled_estimate(arrays).median
+    speed = fastest_speed(arrays)
+    assert samples.min() <= speed.median <= pooled <= samples.max()
+    assert 0.25 <= speed.share <= 1.0
+    if speed.share == 1.0:
+        assert speed.median == pooled and speed.slow_ratio == 1.0
+    else:
+        assert speed.share < 0.5 and speed.slow_ratio == pytest.approx(pooled / speed.median)
