@@ -4,11 +4,14 @@ step time per link class. Pure pandas over validate's strategies and steps table
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pandas as pd
 
 from analysis import ranking
 from analysis.colossal import ROOTED
 from analysis.redistribute import COLLECTIVES
+from microbench.stats import SPEED_GAP
 
 KEY = ["layer", "strategy"]
 
@@ -38,17 +41,27 @@ def link_accuracy(frame: pd.DataFrame, steps: pd.DataFrame, resamples: int, seed
     return out
 
 
-def step_ratios(steps: pd.DataFrame) -> list[dict]:
+def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | None = None) -> list[dict]:
     """Per (collective, link) with a positive price: how many steps, and the median and quartiles of their
-    measured over predicted time."""
+    measured over predicted time; where the calibration's model of it was priced at the fast one of several speeds
+    (`speeds`: (op, link) -> the largest pooled median over price its sweep saw), also `sweep_slow_ratio` and
+    `slow_steps`, the steps that ran more than SPEED_GAP over their price: at a slow speed, as its sweep's calls
+    did."""
     rows = _collective_steps(steps)
     rows = rows[rows["predicted_s"] > 0]
     if rows.empty:                   # no collective steps (a pipeline-only run)
         return []
     ratio = (rows["measured_s"] / rows["predicted_s"]).groupby([rows["op"], rows["link"]])
     q = ratio.quantile([0.25, 0.5, 0.75]).unstack()
-    return [{"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),
-             "quartiles": [float(r[0.25]), float(r[0.75])]} for (op, link), r in q.iterrows()]
+    slow = ratio.apply(lambda r: int((r > 1 + SPEED_GAP).sum()))
+    out = []
+    for (op, link), r in q.iterrows():
+        row = {"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),
+               "quartiles": [float(r[0.25]), float(r[0.75])]}
+        if speeds and (op, link) in speeds:
+            row.update(sweep_slow_ratio=float(speeds[(op, link)]), slow_steps=int(slow[(op, link)]))
+        out.append(row)
+    return out
 
 
 def describe(by_link: dict, ratios: list[dict]) -> str:
@@ -60,6 +73,8 @@ def describe(by_link: dict, ratios: list[dict]) -> str:
         lines.append(f"    {link:<8} {ranking.text(v['comm_mean_accuracy'])}  ({v['strategies']} strategies)")
     lines.append("  collective steps, measured / predicted time: median [quartiles] (steps)")
     for r in ratios:
+        slow = (f"; {r['slow_steps']} over {1 + SPEED_GAP:.2f}x: the slow speeds its sweep saw (up to "
+                f"{r['sweep_slow_ratio']:.2f}x), priced at the fast one" if r.get("slow_steps") else "")
         lines.append(f"    {r['op'] + '/' + r['link']:<22} {r['median']:.3f} [{r['quartiles'][0]:.3f}, "
-                     f"{r['quartiles'][1]:.3f}] ({r['steps']})")
+                     f"{r['quartiles'][1]:.3f}] ({r['steps']}){slow}")
     return "\n".join(lines)

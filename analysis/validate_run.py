@@ -191,7 +191,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
     per_layer = {name: ranking.flat(ranking.frame_scores(g, args.top_k, args.bootstrap, args.seed))
                  for name, g in frame.groupby("layer", sort=False)}
     by_link = attribution.link_accuracy(frame, steps, args.bootstrap, args.seed)
-    ratios = attribution.step_ratios(steps)
+    ratios = attribution.step_ratios(steps, cal.several_speeds())
     machine = provenance.machine_name(hosts)
     atomic_write_json(f"{out}/summary.json", {
         "metrics": m, "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
@@ -204,7 +204,9 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
-                  "time on that link class; step_ratios: measured / predicted time of each collective's steps",
+                  "time on that link class; step_ratios: measured / predicted time of each collective's steps "
+                  "(with slow_steps, those over 1.15x, where the calibration priced the fast one of several speeds "
+                  "its sweep saw, up to sweep_slow_ratio)",
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",

@@ -219,6 +219,11 @@ class Calibration:
                          "up to that much over their price (docs/methodology.md#speeds)")
         return tuple(lines)
 
+    def several_speeds(self) -> dict[tuple[str, str], float]:
+        """(op, link) -> the largest pooled median over price among the model's points priced at the fast one of
+        several speeds (version 16 `speeds`); only the models that have such points."""
+        return {key: m.speeds.max_ratio for key, m in self.result.models.items() if m.speeds is not None}
+
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""
         return {k: dict(v) for k, v in self.result.link_classes.items()}

@@ -57,6 +57,19 @@ def test_step_ratios_per_collective_and_link():
     assert got[("reduce_scatter", "intra")]["median"] == pytest.approx(1.25)
 
 
+def test_steps_of_a_model_priced_at_the_fast_one_of_several_speeds_are_counted_when_slow():
+    """Where the calibration priced a collective at the fast one of several speeds, the steps that ran more than
+    SPEED_GAP over their price are counted and named as its slow speeds; other collectives carry no such fields."""
+    got = {(r["op"], r["link"]): r for r in attribution.step_ratios(STEPS, {("alltoall", "intra"): 1.96,
+                                                                           ("allreduce", "intra"): 1.5})}
+    assert got[("alltoall", "intra")]["slow_steps"] == 1 and got[("alltoall", "intra")]["sweep_slow_ratio"] == 1.96
+    assert got[("allreduce", "intra")]["slow_steps"] == 0
+    assert "slow_steps" not in got[("allgather", "intra")]      # 2x its price, but priced at one speed
+    text = attribution.describe({}, list(got.values()))
+    assert "(2); 1 over 1.15x: the slow speeds its sweep saw (up to 1.96x), priced at the fast one" in text
+    assert "allreduce/intra        1.000 [1.000, 1.000] (1)\n" in text + "\n"
+
+
 def test_describe_names_every_link_and_collective():
     text = attribution.describe(attribution.link_accuracy(FRAME, STEPS, 0, 0), attribution.step_ratios(STEPS))
     assert "inter    0.9583  (2 strategies)" in text and "alltoall/intra" in text and "1.500 [1.250, 1.750] (2)" in text

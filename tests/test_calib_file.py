@@ -287,3 +287,4 @@ def test_validate_is_told_which_models_moved_between_launches():
     advice = calibration_from_dict(data).path_advice()
     assert len(advice) == 2 and advice[1].startswith("1 model(s) priced some points at the fast one of several speeds")
     assert "allreduce/inter, pooled median 1.96x the price at 4.1943e+06 B, 2 ranks" in advice[1], advice
+    assert calibration_from_dict(data).several_speeds() == {("allreduce", "inter"): 1.96}
