@@ -87,6 +87,7 @@ class StepRatio:
     median: float
     q1: float
     q3: float
+    slow_steps: int | None = None   # steps over 1.15x where the calibration priced the fast one of several speeds
 
     @property
     def label(self) -> str:
@@ -162,9 +163,11 @@ def _step_ratios(obj, where: str) -> tuple[StepRatio, ...]:
         q = r["quartiles"]
         if not isinstance(q, list) or len(q) != 2:
             raise UsageError(f"{at}.quartiles must be [q1, q3]")
+        slow = r.get("slow_steps")
         out.append(StepRatio(str(r["op"]), str(r["link"]), _count(r["steps"], f"{at}.steps"),
                              _number(r["median"], f"{at}.median"), _number(q[0], f"{at}.quartiles[0]"),
-                             _number(q[1], f"{at}.quartiles[1]")))
+                             _number(q[1], f"{at}.quartiles[1]"),
+                             None if slow is None else _count(slow, f"{at}.slow_steps")))
     return tuple(out)
 
 
@@ -357,9 +360,15 @@ def link_table(by_link: tuple[LinkAccuracy, ...]) -> Table:
 
 
 def step_ratio_table(ratios: tuple[StepRatio, ...]) -> Table:
-    rows = tuple((r.op, r.link, str(r.steps), f"{r.median:.3f}", f"{r.q1:.3f} – {r.q3:.3f}") for r in ratios)
+    """The step ratios; with a column of the steps that ran at a slow speed where any collective was priced at the
+    fast one of several (docs/methodology.md#speeds)."""
+    speeds = any(r.slow_steps is not None for r in ratios)
+    rows = tuple((r.op, r.link, str(r.steps), f"{r.median:.3f}", f"{r.q1:.3f} – {r.q3:.3f}")
+                 + ((("-" if r.slow_steps is None else str(r.slow_steps)),) if speeds else ()) for r in ratios)
     return Table("Collective steps: measured / predicted time", ("collective", "link class", "steps", "median",
-                                                                 "quartiles"), rows)
+                                                                 "quartiles")
+                 + (("slow-speed steps (over 1.15x; priced at the fast one of several speeds)",) if speeds else ()),
+                 rows)
 
 
 def step_ratio_figure(ratios: tuple[StepRatio, ...]):

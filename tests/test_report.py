@@ -52,7 +52,8 @@ def write_validation(path: Path, with_summary: bool = True, fmt: str = "parquet"
                        "attn.qkv": {"kendall_tau": metric(-1.0), "top1": metric(0.0)}},
             "by_link": {"inter": {"strategies": 3, "comm_mean_accuracy": metric(0.97, 0.95, 0.98)},
                         "intra": {"strategies": 2, "comm_mean_accuracy": metric(0.84, 0.79, 0.87)}},
-            "step_ratios": [{"op": "allgather", "link": "inter", "steps": 5, "median": 1.07, "quartiles": [1.05, 1.08]},
+            "step_ratios": [{"op": "allgather", "link": "inter", "steps": 5, "median": 1.07, "quartiles": [1.05, 1.08],
+                             "slow_steps": 1, "sweep_slow_ratio": 1.9},
                             {"op": "alltoall", "link": "intra", "steps": 8, "median": 2.03, "quartiles": [1.6, 2.9]}],
             "notes": ["comm_*: communication time only"]}))
         (path / "run.json").write_text(json.dumps({"command": "validate", "machine": "testbox",
@@ -235,7 +236,9 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
     assert "Kendall&#x27;s tau" in html and "mlp.fc1" in html    # the validation summary
     assert "Ranking accuracy per layer" in html and "Open MPI v5.0.9" in html and "communication time only" in html
     assert "<td>intra</td><td>2</td><td>0.84</td><td>0.79 – 0.87</td>" in html       # by_link
-    assert "<td>alltoall</td><td>intra</td><td>8</td><td>2.030</td><td>1.600 – 2.900</td>" in html  # step_ratios
+    assert "<td>alltoall</td><td>intra</td><td>8</td><td>2.030</td><td>1.600 – 2.900</td><td>-</td>" in html  # step_ratios
+    assert "<td>allgather</td><td>inter</td><td>5</td><td>1.070</td><td>1.050 – 1.080</td><td>1</td>" in html
+    assert "slow-speed steps" in html
     assert "No calibration given" not in html and "No validation given" not in html
 
 
@@ -271,8 +274,11 @@ def test_nothing_to_report_and_corrupt_inputs_are_one_line_usage_errors(inputs, 
     bad_ratios = write_validation(tmp_path / "val2")
     (bad_ratios / "summary.json").write_text('{"metrics": {}, "step_ratios": [{"op": "allgather", "link": "intra", '
                                              '"steps": 3, "median": 1.2, "quartiles": [1.1]}]}')
+    bad_slow = write_validation(tmp_path / "val3")
+    (bad_slow / "summary.json").write_text('{"metrics": {}, "step_ratios": [{"op": "allgather", "link": "intra", '
+                                           '"steps": 3, "median": 1.2, "quartiles": [1.1, 1.3], "slow_steps": "x"}]}')
     cases = [[], ["--run", str(bad_run)], ["--calibration", str(bad_cal)], ["--validation", str(bad_val)],
-             ["--validation", str(tmp_path)], ["--validation", str(bad_ratios)]]
+             ["--validation", str(tmp_path)], ["--validation", str(bad_ratios)], ["--validation", str(bad_slow)]]
     for args in cases:
         assert main(["report", *args, "--out", str(tmp_path / "out")]) == 2, args
     err = capsys.readouterr().err.strip().splitlines()
@@ -280,6 +286,7 @@ def test_nothing_to_report_and_corrupt_inputs_are_one_line_usage_errors(inputs, 
     assert "nothing to report" in err[0] and "corrupt" in err[1] and "not valid JSON" in err[2]
     assert "metrics.top1.value" in err[3] and "not a validation directory" in err[4]
     assert "step_ratios[0].quartiles must be [q1, q3]" in err[5]
+    assert "step_ratios[0].slow_steps must be a count" in err[6]
     assert not (tmp_path / "out" / "report.html").exists()
 
 
