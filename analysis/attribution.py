@@ -73,8 +73,8 @@ def describe(by_link: dict, ratios: list[dict]) -> str:
         lines.append(f"    {link:<8} {ranking.text(v['comm_mean_accuracy'])}  ({v['strategies']} strategies)")
     lines.append("  collective steps, measured / predicted time: median [quartiles] (steps)")
     for r in ratios:
-        slow = (f"; {r['slow_steps']} over {1 + SPEED_GAP:.2f}x: the slow speeds its sweep saw (up to "
-                f"{r['sweep_slow_ratio']:.2f}x), priced at the fast one" if r.get("slow_steps") else "")
+        slow = (f"; {r['slow_steps']} over {1 + SPEED_GAP:.2f}x, priced at the fast one of the speeds its sweep's "
+                f"calls ran at (up to {r['sweep_slow_ratio']:.2f}x)" if r.get("slow_steps") else "")
         lines.append(f"    {r['op'] + '/' + r['link']:<22} {r['median']:.3f} [{r['quartiles'][0]:.3f}, "
                      f"{r['quartiles'][1]:.3f}] ({r['steps']}){slow}")
     return "\n".join(lines)

@@ -66,7 +66,7 @@ def test_steps_of_a_model_priced_at_the_fast_one_of_several_speeds_are_counted_w
     assert got[("allreduce", "intra")]["slow_steps"] == 0
     assert "slow_steps" not in got[("allgather", "intra")]      # 2x its price, but priced at one speed
     text = attribution.describe({}, list(got.values()))
-    assert "(2); 1 over 1.15x: the slow speeds its sweep saw (up to 1.96x), priced at the fast one" in text
+    assert "(2); 1 over 1.15x, priced at the fast one of the speeds its sweep's calls ran at (up to 1.96x)" in text
     assert "allreduce/intra        1.000 [1.000, 1.000] (1)\n" in text + "\n"
 
 
