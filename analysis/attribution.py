@@ -53,7 +53,7 @@ def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | N
         return []
     ratio = (rows["measured_s"] / rows["predicted_s"]).groupby([rows["op"], rows["link"]])
     q = ratio.quantile([0.25, 0.5, 0.75]).unstack()
-    slow = ratio.apply(lambda r: int((r > 1 + SPEED_GAP).sum()))
+    slow = ratio.apply(lambda r: int((r > 1 + SPEED_GAP).sum())) if speeds else None
     out = []
     for (op, link), r in q.iterrows():
         row = {"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),

@@ -24,6 +24,7 @@ from analysis.validate_plan import contenders, plan
 from microbench import memcopy, provenance
 from microbench.threads import choose, record
 from microbench.errors import UsageError
+from microbench.stats import SPEED_GAP
 from microbench.backends import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
 from microbench.buffers import keep_freed_memory, set_page_policy
@@ -205,8 +206,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
                   "time on that link class; step_ratios: measured / predicted time of each collective's steps "
-                  "(with slow_steps, those over 1.15x, where the calibration priced the fast one of several speeds "
-                  "its sweep saw, up to sweep_slow_ratio)",
+                  f"(with slow_steps, those over {1 + SPEED_GAP:.2f}x, where the calibration priced the fast one of "
+                  "several speeds its sweep saw, up to sweep_slow_ratio)",
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",

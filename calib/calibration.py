@@ -201,18 +201,18 @@ class Calibration:
         if between_nodes and runs and all(r.get("launches") == 1 for r in runs):
             lines.append("every point was measured in one MPI launch: modes an MPI library picks per launch are not "
                          "in its prices (slurm/sweep.sh measures in two; docs/methodology.md#launches)")
-        moved = sorted(((m.launch_spread.max, op, link, m.launch_spread) for (op, link), m in self.result.models.items()
-                        if m.launch_spread is not None and m.launch_spread.max > LAUNCH_WARN), reverse=True)
+        moved = [(m.launch_spread.max, op, link, m.launch_spread) for (op, link), m in self.result.models.items()
+                 if m.launch_spread is not None and m.launch_spread.max > LAUNCH_WARN]
         if moved:
-            _, op, link, worst = moved[0]
+            _, op, link, worst = max(moved)
             lines.append(f"{len(moved)} model(s) moved between MPI launches by more than {LAUNCH_WARN:.0%} (most: "
                          f"{op}/{link}, {worst.max:.0%} at {worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): a "
                          "launch runs such points at one of their speeds, so a validate can miss their price by that "
                          "much however well the rest is priced (docs/methodology.md#launches)")
-        fast = sorted(((m.speeds.max_ratio, op, link, m.speeds) for (op, link), m in self.result.models.items()
-                       if m.speeds is not None), reverse=True)
+        fast = [(m.speeds.max_ratio, op, link, m.speeds) for (op, link), m in self.result.models.items()
+                if m.speeds is not None]
         if fast:
-            _, op, link, worst = fast[0]
+            _, op, link, worst = max(fast)
             lines.append(f"{len(fast)} model(s) priced some points at the fast one of several speeds their calls ran "
                          f"at (most: {op}/{link}, pooled median {worst.max_ratio:.2f}x the price at "
                          f"{worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): steps that draw the slow speeds run "

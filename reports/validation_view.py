@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UsageError
+from microbench.stats import SPEED_GAP
 from reports import provenance
 from reports.document import Note, Section, Table, Text
 from reports.plotting import COLORS, log_values, new_figure, save_figure
@@ -87,7 +88,7 @@ class StepRatio:
     median: float
     q1: float
     q3: float
-    slow_steps: int | None = None   # steps over 1.15x where the calibration priced the fast one of several speeds
+    slow_steps: int | None = None   # steps over 1 + SPEED_GAP where the calibration priced the fast one of several
 
     @property
     def label(self) -> str:
@@ -367,7 +368,8 @@ def step_ratio_table(ratios: tuple[StepRatio, ...]) -> Table:
                  + ((("-" if r.slow_steps is None else str(r.slow_steps)),) if speeds else ()) for r in ratios)
     return Table("Collective steps: measured / predicted time", ("collective", "link class", "steps", "median",
                                                                  "quartiles")
-                 + (("slow-speed steps (over 1.15x; priced at the fast one of several speeds)",) if speeds else ()),
+                 + ((f"slow-speed steps (over {1 + SPEED_GAP:.2f}x; priced at the fast one of several speeds)",)
+                    if speeds else ()),
                  rows)
 
 

@@ -29,13 +29,20 @@ FAST = ["--budget", "0.005", "--min-samples", "2", "--target-ci", "0.5", "--boot
         "--max-strategies", "1000"]
 
 
-def calibration(path, links=("intra",), after_compute: bool = False, pages: str | None = None):
+def calibration(path, links=("intra",), after_compute: bool = False, pages: str | None = None,
+                speeds: bool = False):
     """A synthetic calibration; after_compute adds models 1 ms slower per call for collectives after compute;
-    pages: the huge-page advice its (one, made-up) sweep recorded."""
+    pages: the huge-page advice its (one, made-up) sweep recorded; speeds: every model says some of its points were
+    priced at the fast one of several speeds (version 16)."""
     models = {(op, link): (5e-6, 1e-9) for op in OPS for link in links}
     after = {k: (1e-3, 1e-9) for k in models} if after_compute else None
     data = synthetic_calibration(models, links={l: [2, 4] for l in links}, gemm={"float32": 1e10, "float64": 5e9},
                                  after_compute=after)
+    if speeds:
+        for by_link in data["models"].values():
+            for m in by_link.values():
+                m["speeds"] = {"n_points": 1, "of_points": 9, "max_ratio": 1.9, "max_at_bytes": 4194304.0,
+                               "max_at_procs": 2}
     if pages:
         data["provenance"]["runs"].append({"run_id": "r", "dir": "r", "date": "d", "machine": "m", "hosts": ["m"],
                                            "mpi_library": "x", "versions": {}, "page_policy": pages})
@@ -70,7 +77,7 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
 
 
 def test_directory_is_what_the_report_reads(tmp_path):
-    cal, out = calibration(tmp_path / "cal.json", after_compute=True, pages="hugepage"), tmp_path / "val"
+    cal, out = calibration(tmp_path / "cal.json", after_compute=True, pages="hugepage", speeds=True), tmp_path / "val"
     proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST],
                    check=True)
     assert "pages hugepage" in proc.stdout          # the calibration's sweep advice, not numpy's default
@@ -98,6 +105,11 @@ def test_directory_is_what_the_report_reads(tmp_path):
     ratios = {(r["op"], r["link"]): r for r in summary["step_ratios"]}
     assert set(ratios) == {(op, "intra") for op in steps["op"] if op in OPS}
     assert sum(r["steps"] for r in ratios.values()) == steps["op"].isin(OPS).sum()
+    # every model was priced at the fast one of several speeds: each collective counts its steps over 1.15x
+    ratio = steps["measured_s"] / steps["predicted_s"]
+    for (op, _), r in ratios.items():
+        assert r["sweep_slow_ratio"] == 1.9 and r["slow_steps"] == int((ratio[steps["op"] == op] > 1.15).sum())
+    assert "priced some points at the fast one of several speeds" in proc.stdout
     steps = steps.sort_values(["layer", "strategy", "index"])
     follows = steps.groupby(["layer", "strategy"])["op"].shift() == "compute"
     assert (steps["after_compute"] == follows).all()
