@@ -44,7 +44,7 @@ def link_accuracy(frame: pd.DataFrame, steps: pd.DataFrame, resamples: int, seed
 def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | None = None) -> list[dict]:
     """Per (collective, link) with a positive price: how many steps, and the median and quartiles of their
     measured over predicted time; where the calibration's model of it was priced at the fast one of several speeds
-    (`speeds`: (op, link) -> the largest pooled median over price its sweep saw), also `sweep_slow_ratio` and
+    (`speeds`: (op, link) -> the largest slow-over-price ratio its sweep saw), also `sweep_slow_ratio` and
     `slow_steps`, the steps that ran more than SPEED_GAP over their price: at a slow speed, as its sweep's calls
     did."""
     rows = _collective_steps(steps)

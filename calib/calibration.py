@@ -18,7 +18,7 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
@@ -29,7 +29,10 @@ tile_rows and tile_cols; absent: no wave quantization; 14 added topology, the sw
 inter2..inter9; absent: flat, one inter level; 15 added models[op][link].source, compute.gemm.*.source and
 compute.copy.source, where each came from in a spec refined by measurements; absent: every run of the provenance; 16
 added models[op][link].speeds, the points whose calls ran at several speeds, priced at the fastest held by a quarter
-to a half of their calls; absent: every point priced at its pooled median)."""
+to a half of their calls; absent: every point priced at its pooled median; 17 counts in speeds every point whose calls
+split into speeds each held by a quarter of them or more, priced at the fastest, and its max_ratio is the slower
+calls' median over the price, where 16 priced and counted only a fastest speed held by less than half and divided the
+pooled median)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -214,14 +217,14 @@ class Calibration:
         if fast:
             _, op, link, worst = max(fast)
             lines.append(f"{len(fast)} model(s) priced some points at the fast one of several speeds their calls ran "
-                         f"at (most: {op}/{link}, pooled median {worst.max_ratio:.2f}x the price at "
+                         f"at (most: {op}/{link}, the slower calls {worst.max_ratio:.2f}x the price at "
                          f"{worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): steps that draw the slow speeds run "
                          "up to that much over their price (docs/methodology.md#speeds)")
         return tuple(lines)
 
     def several_speeds(self) -> dict[tuple[str, str], float]:
-        """(op, link) -> the largest pooled median over price among the model's points priced at the fast one of
-        several speeds (version 16 `speeds`); only the models that have such points."""
+        """(op, link) -> the largest slow-over-price ratio among the model's points priced at the fast one of several
+        speeds (`speeds`); only the models that have such points."""
         return {key: m.speeds.max_ratio for key, m in self.result.models.items() if m.speeds is not None}
 
     def link_classes(self) -> dict[str, dict]:

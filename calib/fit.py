@@ -90,8 +90,8 @@ def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:
 
 
 def speeds(df: pd.DataFrame) -> Speeds | None:
-    """The points of one model priced at a fast speed below their pooled median (calib.points `slow_ratio` > 1),
-    None where there are none."""
+    """The points of one model priced at the fastest of several speeds (calib.points `slow_ratio` > 1), None where
+    there are none."""
     if "slow_ratio" not in df:
         return None
     ratio = pd.to_numeric(df["slow_ratio"], errors="coerce")
@@ -142,8 +142,8 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[M
                         f"pooled median")
     fast = speeds(df)
     if fast is not None:
-        warnings.append(f"{tag}: {fast.n_points} of {fast.of_points} points ran at several speeds, a quarter to a half of "
-                        f"their calls at the fastest; priced at that speed, their pooled median up to "
+        warnings.append(f"{tag}: {fast.n_points} of {fast.of_points} points ran at several speeds, each held by a quarter "
+                        f"of their calls or more; priced at the fastest, their slower calls up to "
                         f"{fast.max_ratio:.2f}x it ({fast.max_at_bytes:g} B, {fast.max_at_procs} ranks)")
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
     by_name = {f.algorithm.name: (h, f) for h, f, _ in choices}

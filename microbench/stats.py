@@ -126,25 +126,25 @@ SPEED_GAP = 0.15
 rendezvous ran 1-4 MiB exchanges between two nodes at 1x, 1.5x or 2x their wire time, call by call, while calls at
 one speed lay within a few percent of each other (docs/results.md, "Speeds within a launch")."""
 SPEED_SHARE = 0.25
-"""The share of a point's calls (every visit weighing the same) the fastest speed must hold to be its price: a quarter
-of the calls is a speed the machine delivers, not a fast outlier."""
+"""The share of a point's calls (every visit weighing the same) that makes a speed: fewer calls on one side of a gap
+are fast or slow outliers, not a speed the machine delivers."""
 
 
 @dataclass(frozen=True)
 class Speed:
-    """The speed a point is priced at: the median of its fastest speed held by at least SPEED_SHARE of its calls."""
+    """The speed a point is priced at: the median of the fastest of its speeds (microbench.stats.fastest_speed)."""
 
     median: float       # the price
     share: float        # the share of the calls at the priced speed or faster (1.0: one speed, the pooled median)
-    slow_ratio: float   # the pooled median over the price (1.0: priced at the pooled median)
+    slow_ratio: float   # the median of the slower calls over the price (1.0: one speed)
 
 
 def fastest_speed(visits: list[np.ndarray]) -> Speed:
-    """The price of a point whose calls may run at several speeds. Where the fastest speed holding at least
-    SPEED_SHARE of the calls holds less than half, the pooled median lies on a slower speed (or between two, where no
-    call ran), so the price is that fastest speed's median: a validate's steps, between computations, ran at the fast
-    speed in most launches where a sweep's back-to-back calls drew the slower ones (docs/methodology.md, "Speeds").
-    Elsewhere the pooled median."""
+    """The price of a point whose calls may run at several speeds. Where its sorted samples split at a gap into
+    speeds that each hold at least SPEED_SHARE of the calls, the price is the fastest speed's median: the pooled
+    median of such calls lies on a slower speed, between two, or (the fast one holding most) above the fast speed's
+    middle by the share of slow calls, while a validate's steps, between computations, ran at the fast speed in most
+    launches (docs/methodology.md, "Speeds"). Elsewhere the pooled median."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     if not visits:
         return Speed(float("nan"), 1.0, 1.0)
@@ -154,10 +154,12 @@ def fastest_speed(visits: list[np.ndarray]) -> Speed:
               else _weighted_quantile(x, cum, 0.5, between=True))
     for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
         if cum[i] >= SPEED_SHARE:
-            if cum[i] >= 0.5 or not x[i] > 0:
+            if 1 - cum[i] < SPEED_SHARE - 1e-12 or not x[i] > 0:
                 break
-            median = _weighted_quantile(x[:i + 1], cum[:i + 1] / cum[i], 0.5, between=True)
-            return Speed(median, float(cum[i]), pooled / median)
+            fast = _weighted_quantile(x[:i + 1], cum[:i + 1] / cum[i], 0.5, between=True)
+            rest = (cum[i + 1:] - cum[i]) / (1 - cum[i])
+            slow = _weighted_quantile(x[i + 1:], rest, 0.5, between=True)
+            return Speed(fast, float(cum[i]), slow / fast)
     return Speed(pooled, 1.0, 1.0)
 
 

@@ -186,7 +186,7 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     assert model["speeds"]["n_points"] >= 3 and model["speeds"]["max_ratio"] > 1.5
     assert any("ran at several speeds" in w for w in model["warnings"])
     assert "speeds" not in clean["models"]["pingpong"]["inter"]
-    assert calibration_from_dict(data).data["version"] == 16
+    assert calibration_from_dict(data).data["version"] == 17
 
 
 def test_hockney_table_per_process_count_matches_the_model(fitted):

@@ -139,9 +139,10 @@ def test_pooled_estimate_reduces_to_the_plain_estimate_for_one_visit_or_visits_o
 
 
 def test_fastest_speed_prices_a_fast_speed_the_pooled_median_misses():
-    """Calls at 1x and 1.9x a wire time: where the fast speed holds a quarter to a half of the calls the price is its
-    median (the pooled median lies on the slow one); where it holds more, or less than a quarter, or the samples lie
-    within SPEED_GAP of each other, the pooled median. Every visit weighs the same."""
+    """Calls at 1x and 1.9x a wire time: where each speed holds a quarter of the calls or more the price is the fast
+    one's median (the pooled median lies on the slow one, or, the fast one holding most, above its middle) and the slow
+    ratio the slow calls' median over it; where one side of the gap holds less than a quarter (outliers, not a speed),
+    or the samples lie within SPEED_GAP of each other, the pooled median. Every visit weighs the same."""
     rng = np.random.default_rng(5)
 
     def calls(t, n):
@@ -150,13 +151,18 @@ def test_fastest_speed_prices_a_fast_speed_the_pooled_median_misses():
     visits = [np.r_[calls(1.0, 4), calls(1.9, 6)] for _ in range(3)]
     sp = fastest_speed(visits)
     assert sp.median == pytest.approx(1.0, rel=0.02) and sp.share == pytest.approx(0.4)
-    assert sp.slow_ratio == pytest.approx(pooled_estimate(visits).median / sp.median)
+    assert sp.slow_ratio == pytest.approx(1.9, rel=0.03)
     assert pooled_estimate(visits).median == pytest.approx(1.9, rel=0.02)
+    # the fast speed holding most: the pooled median sits above its middle by the slow calls' share
+    most = [np.r_[1.0 + 0.001 * np.arange(6), calls(1.9, 4)]]
+    sp = fastest_speed(most)
+    assert sp.median == pytest.approx(1.0025) and sp.share == pytest.approx(0.6)
+    assert pooled_estimate(most).median == pytest.approx(1.0045) and sp.slow_ratio == pytest.approx(1.9, rel=0.03)
     # a visit of many fast samples weighs no more than one of few
     weighted = [np.r_[calls(1.0, 40)], calls(1.9, 5), calls(1.9, 5)]
     assert fastest_speed(weighted).median == pytest.approx(1.0, rel=0.02)
-    for one in ([np.r_[calls(1.0, 6), calls(1.9, 4)]],            # fast is most: the pooled median is on it
-                [np.r_[calls(1.0, 2), calls(1.9, 8)]],            # a fifth: fast outliers, not a speed
+    for one in ([np.r_[calls(1.0, 8), calls(1.9, 2)]],            # a fifth slow: slow outliers, not a speed
+                [np.r_[calls(1.0, 2), calls(1.9, 8)]],            # a fifth fast: fast outliers, not a speed
                 [calls(1.0, 10) * np.linspace(1, 1 + SPEED_GAP, 10)]):  # one spread speed
         sp = fastest_speed(one)
         assert (sp.median, sp.share, sp.slow_ratio) == (pooled_estimate(one).median, 1.0, 1.0)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from microbench.stats import StopRule, estimate, fastest_speed, pooled_estimate
+from microbench.stats import SPEED_GAP, StopRule, estimate, fastest_speed, pooled_estimate
 
 ANY_FINITE = st.floats(allow_nan=False, allow_infinity=False)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # means and spreads of ~1e308
@@ -84,4 +84,4 @@ def test_a_price_is_the_pooled_median_or_a_faster_speed_within_the_samples(visit
     if speed.share == 1.0:
         assert speed.median == pooled and speed.slow_ratio == 1.0
     else:
-        assert speed.share < 0.5 and speed.slow_ratio == pytest.approx(pooled / speed.median)
+        assert 0.25 <= speed.share <= 0.75 and speed.slow_ratio > 1 + SPEED_GAP

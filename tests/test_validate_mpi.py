@@ -33,7 +33,7 @@ def calibration(path, links=("intra",), after_compute: bool = False, pages: str 
                 speeds: bool = False):
     """A synthetic calibration; after_compute adds models 1 ms slower per call for collectives after compute;
     pages: the huge-page advice its (one, made-up) sweep recorded; speeds: every model says some of its points were
-    priced at the fast one of several speeds (version 16)."""
+    priced at the fast one of several speeds (version 16 and later)."""
     models = {(op, link): (5e-6, 1e-9) for op in OPS for link in links}
     after = {k: (1e-3, 1e-9) for k in models} if after_compute else None
     data = synthetic_calibration(models, links={l: [2, 4] for l in links}, gemm={"float32": 1e10, "float64": 5e9},
