@@ -5,6 +5,8 @@ one real 3-rank scan on this host."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import asdict, replace
 from itertools import combinations
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_main, run_mpi
+from conftest import REPO, mpi_env, mpiexec_argv, run_main, run_mpi
 from microbench import plan
 from microbench.outliers import Rule, better_median, judge_pairs
 from microbench.scanfile import ScanRow, merge_rechecks, read_scan, write_scan
@@ -262,6 +264,44 @@ def test_a_real_scan_of_three_ranks(tmp_path):
         assert f"rechecked {r.op} {r.node_a}" in proc.stdout
     refused = run_mpi(2, ["scan", "--out", str(tmp_path / "x")], timeout=60)
     assert refused.returncode == 2 and "one rank per node" in refused.stderr, refused.stderr
+
+
+RECHECK_SUSPECTS = """
+import argparse, json
+from microbench import scan, scan_cmd
+p = argparse.ArgumentParser()
+scan_cmd.add_arguments(p)
+args = p.parse_args(["--per-rank", "--quick", "--sizes", "8,64K", "--gemm-size", "64K", "--copy-size", "256K",
+                     "--out", "unused"])
+cfg = scan_cmd.build_config(args)
+from mpi4py import MPI
+from microbench.backends import backend_for
+from microbench.scanfile import Suspects
+world = MPI.COMM_WORLD
+hosts = world.allgather(MPI.Get_processor_name())
+nodes = scan_cmd.node_names(hosts, True)
+backend = backend_for("mpi", world, hosts)
+timer, _ = backend.make_timer(world, args.timing)
+rows = scan.measure_pairs(world, nodes, cfg, timer, backend, None) + scan.measure_nodes(world, nodes, cfg, backend)
+pair = world.bcast(next((r.node_a, r.node_b) for r in rows if r.kind == "pair") if world.rank == 0 else None)
+kept, records = scan.recheck(world, nodes, cfg, timer, backend, rows, Suspects(pairs=(pair,), nodes=(nodes[-1],)), None)
+if world.rank == 0:
+    print(json.dumps({"pair": pair, "node": nodes[-1], "rows": len(rows), "kept": len(kept),
+                      "records": sorted([r.op, r.node_a, r.node_b, r.size_bytes] for r in records)}))
+"""
+
+
+def test_a_recheck_measures_the_suspects_and_nothing_else():
+    """3 real ranks: given one suspect pair and one suspect node, the second look measures that pair at every size and
+    that node's copy and GEMM, and no other figure (each figure measured twice leaves a record)."""
+    proc = subprocess.run([*mpiexec_argv(3), sys.executable, "-c", RECHECK_SUSPECTS], env=mpi_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    (a, b), node = got["pair"], got["node"]
+    assert got["kept"] == got["rows"] == 3 * 2 + 3 * 2
+    assert got["records"] == sorted([["pingpong", a, b, 8], ["pingpong", a, b, 65536], ["copy", node, "", 262144],
+                                     ["gemm", node, "", 65536]]), got
 
 
 def test_the_scan_vocabulary_and_its_readers_leave_mpi4py_alone():
