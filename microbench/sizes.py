@@ -1,4 +1,4 @@
-"""Parsing and printing byte sizes: '8:64M' (powers of two between bounds) or '8,1K,3M'."""
+"""Parsing and printing byte sizes: '8:64M' (powers of two between bounds), '8,1K,3M', or both mixed."""
 
 from __future__ import annotations
 
@@ -22,29 +22,34 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """'8:64M' -> every power of two from 8 to 64 MiB; '8,1K,3M' -> those sizes, sorted and unique."""
+    """A comma-separated list of sizes and LOW:HIGH ranges (every power of two between the bounds), sorted and
+    unique: '8:64M', '8,1K,3M', '8:64M,1448,2896'."""
     text = text.strip()
     if not text:
         raise UsageError("empty size list")
-    if ":" in text:
-        parts = text.split(":")
-        if len(parts) != 2:
-            raise UsageError(f"malformed size range {text!r}: expected LOW:HIGH, e.g. 8:64M")
-        low, high = parse_size(parts[0]), parse_size(parts[1])
-        if low > high:
-            raise UsageError(f"size range {text!r} is empty: {low} > {high}")
-        sizes, s = [], 1 << (low - 1).bit_length()
-        while s <= high:
-            sizes.append(s)
-            s <<= 1
-        if not sizes:
-            raise UsageError(f"size range {text!r} holds no power of two")
-        return sizes
-    return sorted({parse_size(p) for p in text.split(",") if p.strip()} or _empty(text))
+    sizes: set[int] = set()
+    for part in text.split(","):
+        if not part.strip():
+            raise UsageError(f"malformed size list {text!r}")
+        sizes.update(_power_range(part) if ":" in part else (parse_size(part),))
+    return sorted(sizes)
 
 
-def _empty(text: str) -> set[int]:
-    raise UsageError(f"malformed size list {text!r}")
+def _power_range(text: str) -> list[int]:
+    """'8:64M' -> every power of two from 8 to 64 MiB."""
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise UsageError(f"malformed size range {text!r}: expected LOW:HIGH, e.g. 8:64M")
+    low, high = parse_size(parts[0]), parse_size(parts[1])
+    if low > high:
+        raise UsageError(f"size range {text!r} is empty: {low} > {high}")
+    sizes, s = [], 1 << (low - 1).bit_length()
+    while s <= high:
+        sizes.append(s)
+        s <<= 1
+    if not sizes:
+        raise UsageError(f"size range {text!r} holds no power of two")
+    return sizes
 
 
 def format_size(n: float) -> str:

@@ -19,16 +19,21 @@ from microbench.switches import Topology, discover
 from microbench.threads import LEVELS, choose, record
 from microbench.topology import parse_links, parse_procs
 
+DEFAULT_SIZES = "8:64M,1448,2896,5792,11584,23168,46344"
+"""The powers of two from 8 B to 64 MiB, and between 1 and 64 KiB, where MPI transports change protocol (eager and
+shared-memory copy limits), the geometric middles too: a regime between two powers of two then holds the three sizes a
+fit segment needs (docs/results.md, "Sizes between the grid's points")."""
+
 PRESETS = Presets(
-    defaults=dict(sizes="8:64M", gemm_sizes="64K,1M,16M", target_ci=0.02, min_samples=10, point_budget=1.0, rounds=3),
+    defaults=dict(sizes=DEFAULT_SIZES, gemm_sizes="64K,1M,16M", target_ci=0.02, min_samples=10, point_budget=1.0, rounds=3),
     quick=dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", gemm_sizes="64K,1M", target_ci=0.05, point_budget=0.25))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run directory (created; see --resume); required unless --dry-run")
     p.add_argument("--ops", help=f"comma-separated subset of: {', '.join(OPS)} (default: all)")
-    p.add_argument("--sizes", help="LOW:HIGH (powers of two, K/M/G suffixes) or a list 8,1K,3M "
-                                   f"({PRESETS.say('sizes')})")
+    p.add_argument("--sizes", help="comma-separated sizes and LOW:HIGH ranges (every power of two between), K/M/G "
+                                   f"suffixes, e.g. 8,1K,3M or 1K:1M,1536 ({PRESETS.say('sizes')})")
     p.add_argument("--gemm-sizes", help=f"operand sizes for gemm and copy ({PRESETS.say('gemm_sizes')})")
     p.add_argument("--procs", help="process counts, e.g. 2,4,8 (default: powers of two up to the world, and the world)")
     p.add_argument("--links", help="link classes to measure: intra, inter, inter2..inter9 (switch levels), spread "

@@ -20,7 +20,7 @@
 #   COMMCAL_RUN_NAME    run directory under it (default: sweep-CLUSTER-NODESxTASKS_PER_NODE-BACKEND-PRESET);
 #                       a resubmission with the same name resumes it; pick a new name to start afresh
 #   COMMCAL_CALIBRATION calibration file (default: $COMMCAL_OUT_DIR/CLUSTER-YYYY-MM-DD.json)
-#   COMMCAL_PRESET      quick | full (default full: the sweep's own defaults, sizes 8:64M)
+#   COMMCAL_PRESET      quick | full (default full: the sweep's own defaults, sizes 8 B-64 MiB)
 #   COMMCAL_OPS         operations, e.g. allreduce,allgather,pingpong (default: all)
 #   COMMCAL_SIZES       message sizes, e.g. 8:16M or 8,1K,1M,4M (default: the preset's)
 #   COMMCAL_PROCS       process counts, e.g. 2,4 (default: powers of two up to the job, and the job)

@@ -32,9 +32,11 @@ def test_parse_size_range_is_powers_of_two():
     assert parse_sizes("8:64M") == [2**k for k in range(3, 27)]
     assert parse_sizes("5:40") == [8, 16, 32]
     assert parse_sizes("8,1K,3M,1K") == [8, 1024, 3 << 20]
+    assert parse_sizes("1K:4K,1448,2896,3M") == [1024, 1448, 2048, 2896, 4096, 3 << 20]
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "8:", ":8", "1:2:3", "64M:8", "0", "-4", "1.3", "8,,x", "9:15"])
+@pytest.mark.parametrize("bad", ["", "abc", "8:", ":8", "1:2:3", "64M:8", "0", "-4", "1.3", "8,,x", "9:15",
+                                 "8:64,", "8:1K:4K,2K", "9:15,1K"])
 def test_malformed_sizes_raise(bad):
     with pytest.raises(UsageError):
         parse_sizes(bad)
