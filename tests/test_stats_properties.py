@@ -74,6 +74,7 @@ def test_no_samples_is_no_estimate_and_never_meets_a_target():
 @settings(max_examples=400, deadline=None)
 @given(st.lists(timings(), min_size=1, max_size=6))
 @example([[1.0] * 4 + [1.9] * 6] * 3)
+@example([[1.0], [1.0], [1.0], [2.0] * 6])
 @example([[1.7e308, 1.7e308], [1.7e308] * 5])
 def test_a_price_is_the_pooled_median_or_a_faster_speed_within_the_samples(visits):
     arrays = [np.asarray(v, dtype=float) for v in visits]
@@ -84,4 +85,4 @@ def test_a_price_is_the_pooled_median_or_a_faster_speed_within_the_samples(visit
     if speed.share == 1.0:
         assert speed.median == pooled and speed.slow_ratio == 1.0
     else:
-        assert 0.25 <= speed.share <= 0.75 and speed.slow_ratio > 1 + SPEED_GAP
+        assert 0.25 <= speed.share <= 0.75 + 1e-9 and speed.slow_ratio > 1 + SPEED_GAP   # both sides a speed
