@@ -16,6 +16,9 @@ from microbench.records import as_numbers, load_summary, points_note, positive, 
 NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
 CI = ("ci_low_s", "ci_high_s")
 """The median's confidence interval: drawn as error bars where the summary has one."""
+DRAWN_S = (1e-15, 1e15)
+"""The times a figure draws: a log axis holds them without overflowing matplotlib's transforms, and every time a sweep
+can measure (a timer's tick to years) lies far inside."""
 CURVE_KEYS = ("backend", "op", "link", "procs", "dtype")
 """One measured curve (latency against size) per distinct value of these columns."""
 
@@ -63,7 +66,9 @@ def drawable(frame: pd.DataFrame, where) -> tuple[pd.DataFrame, list[str]]:
         ("a dtype of unknown size", (frame["op"] != "gemm") | frame["dtype"].map(known_dtype)),
         ("a process count that is not a whole number >= 1", whole(frame["procs"], 1)),
         ("a size that is not a positive number", positive(frame["size_bytes"])),
-        ("a median that is not a positive number of seconds", positive(frame["median_s"]))], where)
+        ("a median that is not a positive number of seconds", positive(frame["median_s"])),
+        (f"a median outside the times a figure draws ({DRAWN_S[0]:g} to {DRAWN_S[1]:g} s)",
+         frame["median_s"].between(*DRAWN_S))], where)
     lo, hi, median = (frame[col] for col in (*CI, "median_s"))
     valid = positive(lo) & (lo <= median) & (median <= hi) & positive(hi)
     missing = lo.isna() & hi.isna()
