@@ -100,8 +100,8 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
 
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
     """Per point (index: names[code]): `seconds`, its price (microbench.stats.fastest_speed: the median of its
-    samples with every visit (round) weighing the same, as the sweep's summary has it, unless a faster speed held
-    where its calls split into speeds each held by a quarter of them or more: the fastest sets it); `slow_ratio`,
+    samples with every visit (round) weighing the same, as the sweep's summary has it; where its calls split into
+    speeds each held by a quarter of them or more, the fastest speed's median); `slow_ratio`,
     the median of the slower calls over that price (1.0: one speed); and
     `n_samples`. Runs store samples by point and round already; sorting happens only where they are not."""
     if not len(seconds):

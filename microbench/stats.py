@@ -149,9 +149,6 @@ def fastest_speed(visits: list[np.ndarray]) -> Speed:
     if not visits:
         return Speed(float("nan"), 1.0, 1.0)
     x, cum = _weighted(visits)
-    # pooled_estimate's median, from the one sort: estimate()'s for one visit, the weighted one for several
-    pooled = (_midpoint(float(x[(len(x) - 1) // 2]), float(x[len(x) // 2])) if len(visits) == 1
-              else _weighted_quantile(x, cum, 0.5, between=True))
     for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
         if cum[i] >= SPEED_SHARE:
             if 1 - cum[i] < SPEED_SHARE - 1e-12 or not x[i] > 0:
@@ -160,6 +157,9 @@ def fastest_speed(visits: list[np.ndarray]) -> Speed:
             rest = (cum[i + 1:] - cum[i]) / (1 - cum[i])
             slow = _weighted_quantile(x[i + 1:], rest, 0.5, between=True)
             return Speed(fast, float(cum[i]), slow / fast)
+    # one speed: pooled_estimate's median, from the one sort (estimate()'s for one visit, the weighted one for several)
+    pooled = (_midpoint(float(x[(len(x) - 1) // 2]), float(x[len(x) // 2])) if len(visits) == 1
+              else _weighted_quantile(x, cum, 0.5, between=True))
     return Speed(pooled, 1.0, 1.0)
 
 

@@ -35,6 +35,20 @@ def test_parse_size_range_is_powers_of_two():
     assert parse_sizes("1K:4K,1448,2896,3M") == [1024, 1448, 2048, 2896, 4096, 3 << 20]
 
 
+def test_the_default_sizes_are_powers_of_two_with_the_middles_between_1_and_64_KiB():
+    """The sweep's default grid: every power of two from 8 B to 64 MiB, and between 1 and 64 KiB (where transports
+    change protocol) the geometric middle of each octave, to 8 bytes; nothing else."""
+    from microbench.sweep_cmd import DEFAULT_SIZES, PRESETS
+    sizes = parse_sizes(PRESETS.defaults["sizes"])
+    assert PRESETS.defaults["sizes"] == DEFAULT_SIZES
+    powers = [2 ** k for k in range(3, 27)]
+    middles = [s for s in sizes if s not in powers]
+    assert set(powers) <= set(sizes) and len(middles) == 6
+    for lo in (2 ** k for k in range(10, 16)):
+        assert sum(lo < s < 2 * lo for s in middles) == 1
+        assert any(abs(s - lo * 2 ** 0.5) <= 8 and s % 8 == 0 for s in middles), lo
+
+
 @pytest.mark.parametrize("bad", ["", "abc", "8:", ":8", "1:2:3", "64M:8", "0", "-4", "1.3", "8,,x", "9:15",
                                  "8:64,", "8:1K:4K,2K", "9:15,1K"])
 def test_malformed_sizes_raise(bad):
