@@ -92,3 +92,29 @@ def fmt_bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.4g} {unit}"
     return f"{n:.0f} B"
+
+
+def add_profile_argument(p) -> None:
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="a compute profile written by `commcal profile`: the kernels it holds are priced by their "
+                        "measured time instead of the calibration's GEMM and copy rates")
+
+
+def load_profile_argument(args):
+    """The --profile file read and checked (one UsageError line on any problem), or None."""
+    from analysis.kernel_profile import load_profile
+
+    return load_profile(args.profile) if getattr(args, "profile", None) else None
+
+
+def profile_record(pricer, steps, say: bool = True) -> dict | None:
+    """{path, profiled, compute_steps} of the pricer's profile over `steps` (None without one), after one stderr
+    warning where it lacks some of their kernels, which the calibration's rates then price."""
+    if pricer.profile is None:
+        return None
+    hit, total = pricer.profiled(steps)
+    if say and hit < total:
+        print(f"commcal: warning: profile {pricer.profile.path} has {hit} of {total} compute steps' kernels; the "
+              f"others are priced by the calibration's GEMM and copy rates (profile these shapes with `commcal "
+              f"profile` on the same specs and mesh)", file=sys.stderr, flush=True)
+    return {"path": pricer.profile.path, "profiled": hit, "compute_steps": total}

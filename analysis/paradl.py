@@ -124,23 +124,27 @@ class Pipeline:
     total_s: float
 
 
-def pipeline(spec: str, calibration, mesh: Mesh, micro_batches: int, schedule: Schedule, dtype: str = "float32",
-             nics_per_node: int = 1) -> Pipeline:
-    """ParaDL's pipeline strategy for model `spec` over all the mesh's devices as stages, in order (one stage per
-    device, the mesh flattened): each layer replicated on its stage at the micro-batch size, stages balanced by
-    time, and the step as analysis.training prices a pipeline: m times the slowest stage, the schedule's bubble in
-    mean stages, and its critical-path messages, each the largest stage boundary's activation as a pingpong on the
-    link between stages."""
-    stages = Mesh((mesh.devices,), mesh.ranks_per_node)
-    full = parse_model(spec, dtype)
-    batch = full.layers[0].in_shape[0]
+def micro_batch_model(spec: str, micro_batches: int, dtype: str = "float32") -> Model:
+    """Model `spec` at the batch of one of `micro_batches` micro-batches: what each pipeline stage runs per pass."""
+    batch = parse_model(spec, dtype).layers[0].in_shape[0]
     if micro_batches < 1 or batch % micro_batches:
         raise UsageError(f"pipeline: the batch of {batch} does not split into {micro_batches} micro-batches")
-    model = parse_model(spec + ("," if ":" in spec else ":") + f"batch={batch // micro_batches}", dtype)
+    return parse_model(spec + ("," if ":" in spec else ":") + f"batch={batch // micro_batches}", dtype)
+
+
+def pipeline(spec: str, calibration, mesh: Mesh, micro_batches: int, schedule: Schedule, dtype: str = "float32",
+             nics_per_node: int = 1, profile=None) -> Pipeline:
+    """ParaDL's pipeline strategy for model `spec` over all the mesh's devices as stages, in order (one stage per
+    device, the mesh flattened): each layer replicated on its stage at the micro-batch size (its kernels priced by
+    `profile` where it has them), stages balanced by time, and the step as analysis.training prices a pipeline: m
+    times the slowest stage, the schedule's bubble in mean stages, and its critical-path messages, each the largest
+    stage boundary's activation as a pingpong on the link between stages."""
+    stages = Mesh((mesh.devices,), mesh.ranks_per_node)
+    model = micro_batch_model(spec, micro_batches, dtype)
     p = stages.devices
     if p > len(model.layers):
         raise UsageError(f"pipeline: {len(model.layers)} layers do not make {p} stages")
-    one = Tabulator(Pricer(calibration, Mesh((1,), 1), dtype, nics_per_node))
+    one = Tabulator(Pricer(calibration, Mesh((1,), 1), dtype, nics_per_node, profile))
     times = [float(one.options(layer, i > 0).time_s[0]) for i, layer in enumerate(model.layers)]
     cut = balanced_stages(times, p)
     ends = np.cumsum(cut)
@@ -180,7 +184,7 @@ def network_table(spec: str, model: Model, tab: Tabulator, calibration, dtype: s
                      "compute_s": float(opts.compute_s[0])})
     try:
         pipe = pipeline(spec, calibration, tab.pricer.mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, dtype,
-                        nics_per_node)
+                        nics_per_node, tab.pricer.profile)
         rows.append({"strategy": PIPELINE, "total_s": pipe.total_s, "comm_s": pipe.messages_s,
                      "compute_s": pipe.total_s - pipe.messages_s, "stages": list(pipe.stages),
                      "micro_batches": pipe.micro_batches, "schedule": str(PIPELINE_SCHEDULE)})

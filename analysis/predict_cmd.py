@@ -13,8 +13,9 @@ from analysis.colossal import Rooted
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
-                              nics_per_node, report_fallbacks)
+from analysis.options import (add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
+                              fmt_bytes, fmt_s, load_profile_argument, nics_per_node, profile_record,
+                              report_fallbacks)
 from analysis.pricing import Fallback, Pricer, after_compute, resolve
 from analysis.search import Tabulator
 from analysis.summary import chain_steps
@@ -76,12 +77,14 @@ def add_strategy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strategy", default=None, help="strategy id, one choice per mesh axis, e.g. m.n or -.k/ws, or "
                    "a Colossal-AI one on its grid, e.g. cai-2d (docs/tensor-parallel.md)")
     add_mesh_arguments(g, "device mesh, e.g. 2x4", required=False, training=True)
+    add_profile_argument(g)
 
 
 def _row(st, after: bool, pricer: Pricer) -> dict:
     if isinstance(st, Compute):
         return {"kind": "compute", "expr": st.expr, "operand_shapes": st.operand_shapes,
-                "out_shape": st.out_shape, "flops": st.flops, "seconds": pricer.step_seconds(st)}
+                "out_shape": st.out_shape, "flops": st.flops, "seconds": pricer.step_seconds(st),
+                "profiled": pricer.profiled([st])[0] == 1}
     if isinstance(st, Rooted):
         return {"kind": "comm", "op": st.op, "axis": st.axis, "link": st.link, "after_compute": after,
                 "priced_link": pricer.link(st.op, st.axis), "root": st.root, "what": st.what,
@@ -106,7 +109,7 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
         raise UsageError(f"--layer {args.layer!r} is a model of {len(model.layers)} layers; give one layer")
     layer = model.layers[0]
     strategy = parse_strategy(args.strategy)
-    pricer = Pricer(calibration, mesh, dtype, nics_per_node(args))
+    pricer = Pricer(calibration, mesh, dtype, nics_per_node(args), load_profile_argument(args))
     tables = Tabulator(pricer).tables(model)
     ids = [s.id for s in tables.options[0].strategies]
     if strategy.id not in ids:
@@ -123,7 +126,8 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
     fallbacks = pricer.fallbacks(st for _, steps in chain for st in steps)
     out = {"layer": args.layer, "strategy": strategy.id, "mesh": str(mesh), "total_s": total,
            "memory_bytes": sched.memory_bytes, "steps": [{"where": w, **r} for w, rows in parts for r in rows],
-           "fallbacks": report_fallbacks(fallbacks, args.calibration, args.strict)}
+           "fallbacks": report_fallbacks(fallbacks, args.calibration, args.strict),
+           "profile": profile_record(pricer, [st for _, steps in chain for st in steps])}
     if getattr(args, "json", False):
         print(json.dumps(out, indent=1))
         return 0
@@ -132,7 +136,8 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
     for where, rows in parts:
         for r in rows:
             if r["kind"] == "compute":
-                what = f"{r['expr']}  {' x '.join(map(str, r['operand_shapes']))}"
+                what = (f"{r['expr']}  {' x '.join(map(str, r['operand_shapes']))}"
+                        + ("  (profiled)" if r["profiled"] else ""))
             elif "root" in r:
                 what = (f"{r['op']} axis {r['axis']} ({r['link']}, {r['group_size']} ranks) {r['what']} "
                         f"{'from' if r['op'] == 'bcast' else 'to'} member {r['root']} {r['bytes_per_rank']} B/rank")

@@ -56,8 +56,10 @@ def resolve(calibration, op: str, wanted: str) -> str | None:
 
 
 class Pricer:
-    def __init__(self, calibration, mesh: Mesh, dtype: str = "float32", nics_per_node: int = 1):
+    def __init__(self, calibration, mesh: Mesh, dtype: str = "float32", nics_per_node: int = 1, profile=None):
         self.cal = calibration
+        self.profile = profile
+        self.dtype = dtype
         self.mesh = mesh.placed(calibration.switch_spans())
         self.flops_per_s = calibration.gemm_flops_per_s(dtype)
         self.compute_latency_s = calibration.gemm_latency_s(dtype)
@@ -104,6 +106,19 @@ class Pricer:
         traffic_s = elements * self.itemsize / self.copy_bytes_per_s
         return self.compute_latency_s + max(flops / self.flops_per_s, traffic_s)
 
+    def kernel_seconds(self, step) -> float:
+        """A Compute step: its profiled seconds where the profile has its kernel, else compute_seconds' roofline."""
+        if self.profile is not None and (t := self.profile.seconds(step, self.dtype)) is not None:
+            return t
+        return self.compute_seconds(step.flops, step.elements)
+
+    def profiled(self, steps) -> tuple[int, int]:
+        """(Compute steps the profile prices, Compute steps) among `steps`."""
+        computes = [st for st in steps if hasattr(st, "flops")]
+        if self.profile is None:
+            return 0, len(computes)
+        return sum(self.profile.seconds(st, self.dtype) is not None for st in computes), len(computes)
+
     def traffic_seconds(self, elements: float) -> float:
         """One memory-bound call that reads and writes `elements` in all: the copy model's latency plus its bytes
         at the copy rate."""
@@ -117,7 +132,7 @@ class Pricer:
         """One schedule entry's predicted seconds, as price() counts it; `after`: it follows a local computation
         (after_compute tells)."""
         if hasattr(step, "flops"):
-            return self.compute_seconds(step.flops, step.elements)
+            return self.kernel_seconds(step)
         comm = float(self.seconds(step.op, step.axis, [step.size_bytes], after)[0]) if step.is_comm else 0.0
         return comm + self.copies_seconds(step)
 
@@ -129,7 +144,7 @@ class Pricer:
         for i, steps in enumerate(step_lists):
             for st, after in zip(steps, after_compute(steps)):
                 if hasattr(st, "flops"):
-                    compute[i] += self.compute_seconds(st.flops, st.elements)
+                    compute[i] += self.kernel_seconds(st)
                     continue
                 if st.is_comm:
                     idx, size = groups[(st.op, st.axis, after)]

@@ -17,8 +17,8 @@ from analysis.conv import Conv2d
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from analysis.paradl import PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, network_table
-from analysis.options import (add_json_argument, add_mesh_arguments, add_strict_argument, fmt_bytes, fmt_s,
-                              nics_per_node, report_fallbacks)
+from analysis.options import (add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
+                              fmt_bytes, fmt_s, load_profile_argument, nics_per_node, profile_record, report_fallbacks)
 from analysis.pricing import Pricer
 from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
 from analysis.summary import summarize
@@ -41,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(1: AutoDDL's one layer at a time)")
     add_json_argument(p)
     add_strict_argument(p)
+    add_profile_argument(p)
     add_training_arguments(p, predict=False)
 
 
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
     model = parse_model(args.model, args.dtype)
     cap = parse_size(args.memory_cap) if args.memory_cap else None
-    pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype, nics_per_node(args))
+    pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype, nics_per_node(args),
+                    load_profile_argument(args))
     t0 = time.perf_counter()
     tab = Tabulator(pricer)
     tables = tab.tables(model)
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no strategy assignment fits the memory cap of {args.memory_cap} per device")
     exact_s = time.perf_counter() - t0
     fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict)
+    profile = profile_record(pricer, [st for o in tables.options for sc in o.schedules for st in sc.steps])
     cd = coordinate_descent(tables, args.restarts, lam=lam, window=args.cd_window)
     out = summarize(tables, choice, pricer, args.top, cap)
     cd_total = chain_cost(tables, cd)
@@ -85,13 +88,16 @@ def run(args: argparse.Namespace) -> int:
                                       pricer.nics_per_node)
     out.update(model=args.model, mesh=str(mesh), calibration=args.calibration, search_s=exact_s,
                coordinate_descent={"total_s": cd_total, "gap": cd_total / out["total_s"] - 1 if out["total_s"] else 0.0},
-               fallbacks=fallbacks, axes=axis_links(pricer),
+               fallbacks=fallbacks, axes=axis_links(pricer), profile=profile,
                left_out=[{"strategy": k, "why": v} for k, v in sorted(tab.left_out.items())])
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"model {args.model}: {len(model.layers)} layers on mesh {mesh}; calibration {args.calibration}")
     print("mesh axes: " + "; ".join(f"{a['axis']} ({a['size']}) on {a['link']}" for a in out["axes"]))
+    if profile:
+        print(f"compute: profile {profile['path']} prices {profile['profiled']} of {profile['compute_steps']} "
+              f"compute steps, the calibration's GEMM and copy rates the rest")
     print(f"predicted step time {fmt_s(out['total_s'])} = compute {fmt_s(out['compute_s'])} + communication "
           f"{fmt_s(out['comm_s'])}")
     for key, s in out["comm_by_collective"].items():

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from analysis.layers import Layer
 from analysis.models import Model, parse_model
-from analysis.options import add_dtype_argument, add_nics_argument, add_strict_argument
+from analysis.options import (add_dtype_argument, add_nics_argument, add_profile_argument, add_strict_argument,
+                              load_profile_argument)
 from analysis.strategies import Selection, parse_selection
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
@@ -96,6 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of data, strategy sample and bootstrap")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
     add_strict_argument(p)
+    add_profile_argument(p)
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer | M
     from calib.calibration import load_calibration
 
     layers = named_layers(args.layer or ([] if args.model else QUICK_LAYERS), args.dtype)
+    args.profile_data = load_profile_argument(args)
     return config(args), layers + named_networks(args.model, args.dtype), load_calibration(args.calibration)
 
 

@@ -22,7 +22,8 @@ def predict(args, spec: str, model, cal, mesh) -> Pipeline:
     """ParaDL's pipeline of network `spec` over the mesh's devices, as search prices it (UsageError if it cannot be
     priced or run)."""
     CnnStack(model)
-    return pipeline(spec, cal, mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, args.dtype, nics_per_node(args))
+    return pipeline(spec, cal, mesh, PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, args.dtype, nics_per_node(args),
+                    getattr(args, "profile_data", None))
 
 
 def bench(args, cfg, model, pipe: Pipeline, world, backend) -> tuple[Bench, TrainStep]:

@@ -82,7 +82,7 @@ def plan(args, cfg, layers: list, cal, mesh):
     """(pricer, [(name, layer, options, chosen strategies)]): every layer's strategies priced on `mesh` from the
     calibration and the ones to run chosen; all that validate does with the calibration before running anything,
     so a calibration it cannot use fails here, before MPI starts the harness."""
-    pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args))
+    pricer = Pricer(cal, mesh, args.dtype, nics_per_node(args), getattr(args, "profile_data", None))
     tab = Tabulator(pricer, cfg.selection)
     work = []
     for name, layer in layers:

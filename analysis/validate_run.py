@@ -18,7 +18,7 @@ from analysis.harness_chain import network_data, network_program
 from analysis.layers import Compute
 from analysis.models import Model
 from analysis.paradl import PIPELINE, PIPELINE_SCHEDULE
-from analysis.options import report_fallbacks
+from analysis.options import profile_record, report_fallbacks
 from analysis.pricing import after_compute
 from analysis.validate_plan import contenders, plan
 from microbench import memcopy, provenance
@@ -46,6 +46,9 @@ def main(args, cfg, layers, cal) -> int:
     pipes = {name: validate_pipeline.predict(args, name, layer, cal, mesh) for name, layer, _, _ in work
              if isinstance(layer, Model) and PIPELINE in cfg.selection.names}
     fallbacks = report_fallbacks(pricer.fallbacks(), args.calibration, args.strict, world.rank == 0)
+    profile = profile_record(pricer, [st for _, layer, opts, chosen in work for i, _ in chosen
+                                      for st in (opts.steps(i) if isinstance(layer, Model) else opts.schedules[i].steps)],
+                             world.rank == 0)
     backend = backend_for(args.backend, world, hosts)
     coll = Collectives(world, mesh, coord, backend)
     runner = Runner(mesh, coord, coll, backend.xp)
@@ -99,7 +102,7 @@ def main(args, cfg, layers, cal) -> int:
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps, columns=STEP_COLUMNS), cal, steal,
                {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
-                "calibration_advice": advice}, fallbacks)
+                "calibration_advice": advice, "profile": profile}, fallbacks)
     return 0
 
 
@@ -212,6 +215,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",
                   "page_policy: huge-page advice of the harness's numpy arrays (validate --page-policy)",
+                  "profile: the compute profile (validate --profile) and how many of the run's compute steps it "
+                  "priced; the others, and every step without one, by the calibration's GEMM and copy rates",
                   "fallbacks: collectives priced by another link class's models than their mesh axis's (wanted), "
                   "which the calibration lacks",
                   "calibration_advice: ways the calibration was made that are known to rank strategies worse than "

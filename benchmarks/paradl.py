@@ -1,28 +1,37 @@
 """Benchmark: ParaDL's table on this machine. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
 copy rates (--quick, every group and rank at once: --concurrent, ParaDL's contention), sweeps them again right after
 a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a
-calibration, validates the CNN presets whole under each of ParaDL's strategies (data, filter, channel, spatial on
-mesh 4; data+filter and data+spatial on mesh 2x2), and prints per strategy the predicted and measured step, accuracy
-1 - |p - m| / m, and ParaDL's published accuracy beside it (Kahira et al., HPDC 2021). The pipeline (4 stages
+calibration, profiles the networks' local kernels (`commcal profile`: compute measured per kernel, as ParaDL's oracle
+profiles its layers), validates the CNN presets whole under each of ParaDL's strategies (data, filter, channel,
+spatial on mesh 4; data+filter and data+spatial on mesh 2x2) with that profile, and prints per strategy the predicted
+and measured step, accuracy 1 - |p - m| / m, the accuracy of the calibration's GEMM and copy rates alone on the same
+measurements, and ParaDL's published accuracy (Kahira et al., HPDC 2021). The pipeline (4 stages
 balanced by time, GPipe, 4 micro-batches: `search`'s) runs on mesh 4 too, on the pipeline executor. On one host with
 4 ranks:
 
     python -m benchmarks.paradl --launch "mpirun -n 4 --oversubscribe --bind-to none" --out /tmp/paradl
 
---calibration CAL skips the sweep and the fit; --model SPEC (repeatable) picks the networks (default vgg-small and
-resnet-small)."""
+--calibration CAL skips the sweep and the fit, --profile FILE the profiling, --no-profile prices compute by the rates
+alone; --model SPEC (repeatable) picks the networks (default vgg-small and resnet-small)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.paradl import PUBLISHED
+from analysis.mesh import parse_mesh
+from analysis.models import parse_model
+from analysis.paradl import PUBLISHED, network_table
+from analysis.pricing import Pricer
+from analysis.search import Tabulator
 from benchmarks.validate import _run, calibrate, guarded
+from calib.calibration import load_calibration
+from microbench.topology import nodes_of
 
 SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
@@ -43,52 +52,84 @@ def _bench(argv) -> int:
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
     p.add_argument("--after-gemm", type=int, default=384, metavar="N",
                    help="the N x N GEMM before each call of the second sweep (default 384, benchmarks.validate's)")
+    p.add_argument("--profile", help="use this compute profile (skip `commcal profile`)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="price compute by the calibration's GEMM and copy rates alone (no `commcal profile`)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
     args = p.parse_args(argv)
     out = Path(args.out)
     commcal = [sys.executable, "-m", "reports.cli"]
     launch = shlex.split(args.launch)
+    models = args.model or ["vgg-small", "resnet-small"]
     cal = args.calibration
     if cal is None:
         cal = calibrate([*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args)], args.after_gemm, out)
+    profile = None if args.no_profile else args.profile
+    if profile is None and not args.no_profile:
+        profile = str(out / "profile.json")
+        _run([*launch, *commcal, "profile", *[a for m in models for a in ("--model", m)],
+              *[a for mesh, _ in MESHES for a in ("--mesh", mesh)], "--out", profile])
     rows = []
-    for model in args.model or ["vgg-small", "resnet-small"]:
+    for model in models:
         for mesh, strategies in MESHES:
             run = out / f"{model.replace(':', '_')}-{mesh}"
             _run([*launch, *commcal, "validate", cal, "--model", model, "--mesh", mesh, "--strategies", strategies,
-                  "--out", str(run), *shlex.split(args.validate_args)])
+                  "--out", str(run), *(["--profile", profile] if profile else []), *shlex.split(args.validate_args)])
             frame = pd.read_parquet(run / "strategies.parquet")
+            rates = _without_profile(cal, model, mesh, run) if profile else {}
             rows += [{"model": model, "mesh": mesh, "strategy": r.strategy, "predicted_s": r.predicted_s,
-                      "measured_s": r.measured_s} for r in frame.itertuples()]
+                      "measured_s": r.measured_s, "rates_s": rates.get(r.strategy, float("nan"))}
+                     for r in frame.itertuples()]
     table = pd.DataFrame(rows)
     table["accuracy"] = 1 - (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]
+    table["rates_accuracy"] = 1 - (table["rates_s"] - table["measured_s"]).abs() / table["measured_s"]
     table.to_csv(out / "paradl.csv", index=False)
-    _print(table)
+    _print(table, profile)
     return 0
 
 
-def _print(table: pd.DataFrame) -> None:
-    """One row per (strategy, model), then per strategy the mean accuracy over the models beside ParaDL's."""
-    print(f"{'strategy':<14} {'model':<14} {'mesh':>4} {'predicted':>11} {'measured':>11} {'accuracy':>9}")
+def _without_profile(cal: str, spec: str, mesh_text: str, run: Path) -> dict[str, float]:
+    """Each strategy's step as the calibration alone prices it (compute at its GEMM and copy rates) on the validate
+    run's mesh: the same measurements scored without the profile."""
+    hosts = json.loads((run / "run.json").read_text())["hosts"]
+    calibration = load_calibration(cal)
+    mesh = parse_mesh(mesh_text, len(nodes_of(hosts)[0]))
+    rows = network_table(spec, parse_model(spec), Tabulator(Pricer(calibration, mesh)), calibration)
+    return {r["strategy"]: r["total_s"] for r in rows if r["total_s"] is not None}
+
+
+def _print(table: pd.DataFrame, profile: str | None) -> None:
+    """One row per (strategy, model), then per strategy the mean accuracy over the models beside ParaDL's; with a
+    profile, the accuracy of the calibration's rates alone beside it (the same measurements)."""
+    rates = profile is not None
+    print(f"compute priced by {'the profile ' + profile if rates else 'the calibration GEMM and copy rates'}")
+    print(f"{'strategy':<14} {'model':<14} {'mesh':>4} {'predicted':>11} {'measured':>11} {'accuracy':>9}"
+          + (f" {'rates only':>11}" if rates else ""))
     for r in table.itertuples():
         meas = f"{r.measured_s * 1e3:8.3f} ms" if r.measured_s == r.measured_s else "          -"
         acc = f"{100 * r.accuracy:8.2f}%" if r.accuracy == r.accuracy else "        -"
-        print(f"{r.strategy:<14} {r.model:<14} {r.mesh:>4} {r.predicted_s * 1e3:8.3f} ms {meas} {acc}")
-    print(f"\n{'strategy':<14} {'accuracy':>9} {'ParaDL':>8}")
-    ours = []
+        alone = (f" {100 * r.rates_accuracy:10.2f}%" if r.rates_accuracy == r.rates_accuracy else f" {'-':>11}") \
+            if rates else ""
+        print(f"{r.strategy:<14} {r.model:<14} {r.mesh:>4} {r.predicted_s * 1e3:8.3f} ms {meas} {acc}{alone}")
+    print(f"\n{'strategy':<14} {'accuracy':>9} {'ParaDL':>8}" + ("  rates only" if rates else ""))
+    ours, alone = [], []
     for name in dict.fromkeys([*PUBLISHED, *table["strategy"]]):
-        acc = table.loc[table["strategy"] == name, "accuracy"].dropna()
+        rows = table.loc[table["strategy"] == name]
+        acc = rows["accuracy"].dropna()
         published = PUBLISHED.get(name)
         theirs = f"{100 * published:7.2f}%" if published else "      -"
         if acc.empty:
             print(f"{name:<14} {'not run':>9} {theirs}")
             continue
         ours.append(acc.mean())
-        verdict = "" if published is None else "above" if acc.mean() > published else "below"
-        print(f"{name:<14} {100 * acc.mean():8.2f}% {theirs}  {verdict}")
+        alone.append(rows["rates_accuracy"].dropna().mean())
+        verdict = "     " if published is None else "above" if acc.mean() > published else "below"
+        print(f"{name:<14} {100 * acc.mean():8.2f}% {theirs}  {verdict}"
+              + (f" {100 * alone[-1]:8.2f}%" if rates else ""))
     mean_published = sum(PUBLISHED.values()) / len(PUBLISHED)
-    print(f"{'mean':<14} {100 * sum(ours) / len(ours):8.2f}% {100 * mean_published:7.2f}%  (ours over the "
-          f"{len(ours)} strategies measured)")
+    print(f"{'mean':<14} {100 * sum(ours) / len(ours):8.2f}% {100 * mean_published:7.2f}%       "
+          + (f" {100 * sum(alone) / len(alone):8.2f}%" if rates else "")
+          + f"  (ours over the {len(ours)} strategies measured)")
 
 
 if __name__ == "__main__":

@@ -27,12 +27,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("calib.export_cmd", "write a planner's machine description (Calculon, ASTRA-sim, SimAI) from a calibration"),
     "search": ("analysis.search_cmd", "search SBP sharding strategies for a model on a device mesh"),
     "validate": ("analysis.validate_cmd", "run real SBP strategies and score predicted vs measured ranking (under mpirun/srun)"),
+    "profile": ("analysis.profile_cmd", "time the local kernels of networks' and layers' strategies into a compute profile "
+                                        "that search, predict and validate price compute by (under mpirun/srun)"),
     "report": ("reports.report_cmd", "build an HTML/Markdown report with figures"),
     "diff": ("reports.diff_cmd", "compare two calibrations of a machine"),
 }
 
 
-RANK_SUBCOMMANDS = {"sweep", "scan", "validate"}
+RANK_SUBCOMMANDS = {"sweep", "scan", "validate", "profile"}
 """Run by every rank of an MPI job: each rank gets one BLAS thread (unless the user chose), so the GEMM
 rate the sweep measures is the rate each rank has when all ranks compute at once, as in validate."""
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

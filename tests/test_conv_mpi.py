@@ -2,7 +2,7 @@
 each of ParaDL's strategies (the pipeline on the pipeline executor), match a single process forward and backward
 at 2 and 4 ranks; the bytes the harness
 hands MPI for halo exchanges and gradient allreduces are ParaDL's volumes (from the layer shapes) and the priced
-ones; benchmarks.paradl prints its table from a given calibration; bad network input is one line and exit 2."""
+ones; benchmarks.paradl prints its table from a given calibration, compute from the profile it makes; bad network input is one line and exit 2."""
 
 import json
 import shlex
@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.harness import TOLERANCE
+from analysis.kernel_profile import load_profile
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from analysis.paradl import PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, pipeline
@@ -187,8 +188,12 @@ def test_bench_paradl_prints_the_table_from_a_calibration(tmp_path):
                                        "data+spatial"]
     assert (table["measured_s"] > 0).all() and table["predicted_s"].gt(0).all()
     assert (table["accuracy"] == 1 - (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]).all()
-    pipe = pipeline(spec, load_calibration(cal), parse_mesh("4", 4, 4), PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE)
-    assert table.loc[table["strategy"] == "pipeline", "predicted_s"].item() == pytest.approx(pipe.total_s)
+    profile = load_profile(tmp_path / "b" / "profile.json")          # compute from the profile the run made
+    pipe, rates = (pipeline(spec, load_calibration(cal), parse_mesh("4", 4, 4), PIPELINE_MICRO_BATCHES,
+                            PIPELINE_SCHEDULE, profile=pf) for pf in (profile, None))
+    row = table[table["strategy"] == "pipeline"]
+    assert row["predicted_s"].item() == pytest.approx(pipe.total_s) and row["rates_s"].item() == pytest.approx(
+        rates.total_s) and pipe.total_s != pytest.approx(rates.total_s)    # the calibration's rates alone beside it
     lines = proc.stdout.splitlines()
     mean = next(l for l in lines if l.startswith("mean "))
     assert "86.74%" in mean and "7 strategies measured" in mean

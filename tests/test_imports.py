@@ -22,7 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FLOORS = {"microbench": 1, "calib": 2, "analysis": 3, "reports": 4, "benchmarks": 5}
 MPI_MODULES = {"analysis.harness", "analysis.harness_comm", "analysis.harness_exec", "analysis.harness_pipeline",
-               "analysis.validate_run", "analysis.validate_training"}
+               "analysis.validate_run", "analysis.validate_training", "analysis.kernel_profile_run"}
 """The part of analysis that runs on every rank of an MPI job; the rest of analysis, calib and reports is pure."""
 PURE = ("calib", "analysis", "reports")
 
