@@ -12,7 +12,8 @@ balanced by time, GPipe, 4 micro-batches: `search`'s) runs on mesh 4 too, on the
     python -m benchmarks.paradl --launch "mpirun -n 4 --oversubscribe --bind-to none" --out /tmp/paradl
 
 --calibration CAL skips the sweep and the fit, --profile FILE the profiling, --no-profile prices compute by the rates
-alone; --model SPEC (repeatable) picks the networks (default vgg-small and resnet-small)."""
+alone; --model SPEC (repeatable) picks the networks (default vgg-small and resnet-small); --repeat 2 validates
+everything twice in turn and prints the accuracy one run's measurements reach as the prediction of the other's."""
 
 from __future__ import annotations
 
@@ -56,7 +57,13 @@ def _bench(argv) -> int:
     p.add_argument("--no-profile", action="store_true",
                    help="price compute by the calibration's GEMM and copy rates alone (no `commcal profile`)")
     p.add_argument("--validate-args", default="", help="more `commcal validate` arguments")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="validate every network and mesh this many times, in turn (default 1); with 2 or more, also "
+                        "print each run's measured times scored as the prediction of the next run's: the accuracy a "
+                        "repeat measurement reaches on this machine")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     out = Path(args.out)
     commcal = [sys.executable, "-m", "reports.cli"]
     launch = shlex.split(args.launch)
@@ -70,19 +77,23 @@ def _bench(argv) -> int:
         _run([*launch, *commcal, "profile", *[a for m in models for a in ("--model", m)],
               *[a for mesh, _ in MESHES for a in ("--mesh", mesh)], "--out", profile])
     rows = []
-    for model in models:
-        for mesh, strategies in MESHES:
-            run = out / f"{model.replace(':', '_')}-{mesh}"
-            _run([*launch, *commcal, "validate", cal, "--model", model, "--mesh", mesh, "--strategies", strategies,
-                  "--out", str(run), *(["--profile", profile] if profile else []), *shlex.split(args.validate_args)])
-            frame = pd.read_parquet(run / "strategies.parquet")
-            rates = _without_profile(cal, model, mesh, run) if profile else {}
-            rows += [{"model": model, "mesh": mesh, "strategy": r.strategy, "predicted_s": r.predicted_s,
-                      "measured_s": r.measured_s, "rates_s": rates.get(r.strategy, float("nan"))}
-                     for r in frame.itertuples()]
+    for rep in range(args.repeat):
+        for model in models:
+            for mesh, strategies in MESHES:
+                run = out / (f"{model.replace(':', '_')}-{mesh}" + (f"-{rep + 1}" if rep else ""))
+                _run([*launch, *commcal, "validate", cal, "--model", model, "--mesh", mesh, "--strategies",
+                      strategies, "--out", str(run), *(["--profile", profile] if profile else []),
+                      *shlex.split(args.validate_args)])
+                frame = pd.read_parquet(run / "strategies.parquet")
+                rates = _without_profile(cal, model, mesh, run) if profile else {}
+                rows += [{"run": rep + 1, "model": model, "mesh": mesh, "strategy": r.strategy,
+                          "predicted_s": r.predicted_s, "measured_s": r.measured_s,
+                          "rates_s": rates.get(r.strategy, float("nan"))} for r in frame.itertuples()]
     table = pd.DataFrame(rows)
     table["accuracy"] = 1 - (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]
     table["rates_accuracy"] = 1 - (table["rates_s"] - table["measured_s"]).abs() / table["measured_s"]
+    nxt = table.groupby(["model", "mesh", "strategy"])["measured_s"].shift(-1)      # the next run's measurement
+    table["repeat_accuracy"] = 1 - (table["measured_s"] - nxt).abs() / nxt
     table.to_csv(out / "paradl.csv", index=False)
     _print(table, profile)
     return 0
@@ -99,37 +110,42 @@ def _without_profile(cal: str, spec: str, mesh_text: str, run: Path) -> dict[str
 
 
 def _print(table: pd.DataFrame, profile: str | None) -> None:
-    """One row per (strategy, model), then per strategy the mean accuracy over the models beside ParaDL's; with a
-    profile, the accuracy of the calibration's rates alone beside it (the same measurements)."""
-    rates = profile is not None
+    """One row per (run, strategy, model), then per strategy the mean accuracy over the models and runs beside
+    ParaDL's; with a profile, the accuracy of the calibration's rates alone on the same measurements; over several
+    runs, the accuracy of each run's measurements as the prediction of the next's."""
+    rates, repeat = profile is not None, table["run"].nunique() > 1
     print(f"compute priced by {'the profile ' + profile if rates else 'the calibration GEMM and copy rates'}")
-    print(f"{'strategy':<14} {'model':<14} {'mesh':>4} {'predicted':>11} {'measured':>11} {'accuracy':>9}"
-          + (f" {'rates only':>11}" if rates else ""))
+    extra = [("rates only", "rates_accuracy")] * rates + [("repeat", "repeat_accuracy")] * repeat
+
+    def pct(v, width: int) -> str:
+        return f"{100 * v:{width - 1}.2f}%" if v == v else f"{'-':>{width}}"
+
+    print(f"{'run':>3} {'strategy':<14} {'model':<14} {'mesh':>4} {'predicted':>11} {'measured':>11} {'accuracy':>9}"
+          + "".join(f" {name:>11}" for name, _ in extra))
     for r in table.itertuples():
         meas = f"{r.measured_s * 1e3:8.3f} ms" if r.measured_s == r.measured_s else "          -"
-        acc = f"{100 * r.accuracy:8.2f}%" if r.accuracy == r.accuracy else "        -"
-        alone = (f" {100 * r.rates_accuracy:10.2f}%" if r.rates_accuracy == r.rates_accuracy else f" {'-':>11}") \
-            if rates else ""
-        print(f"{r.strategy:<14} {r.model:<14} {r.mesh:>4} {r.predicted_s * 1e3:8.3f} ms {meas} {acc}{alone}")
-    print(f"\n{'strategy':<14} {'accuracy':>9} {'ParaDL':>8}" + ("  rates only" if rates else ""))
-    ours, alone = [], []
+        print(f"{r.run:>3} {r.strategy:<14} {r.model:<14} {r.mesh:>4} {r.predicted_s * 1e3:8.3f} ms {meas} "
+              f"{pct(r.accuracy, 9)}" + "".join(f" {pct(getattr(r, col), 11)}" for _, col in extra))
+    print(f"\n{'strategy':<14} {'accuracy':>9} {'ParaDL':>8}       " + "".join(f" {name:>11}" for name, _ in extra))
+    means: dict[str, list[float]] = {"accuracy": [], **{col: [] for _, col in extra}}
     for name in dict.fromkeys([*PUBLISHED, *table["strategy"]]):
         rows = table.loc[table["strategy"] == name]
-        acc = rows["accuracy"].dropna()
         published = PUBLISHED.get(name)
         theirs = f"{100 * published:7.2f}%" if published else "      -"
-        if acc.empty:
+        if rows["accuracy"].dropna().empty:
             print(f"{name:<14} {'not run':>9} {theirs}")
             continue
-        ours.append(acc.mean())
-        alone.append(rows["rates_accuracy"].dropna().mean())
-        verdict = "     " if published is None else "above" if acc.mean() > published else "below"
-        print(f"{name:<14} {100 * acc.mean():8.2f}% {theirs}  {verdict}"
-              + (f" {100 * alone[-1]:8.2f}%" if rates else ""))
+        got = {col: rows[col].dropna().mean() for col in means}
+        for col, v in got.items():
+            means[col].append(v)
+        verdict = "     " if published is None else "above" if got["accuracy"] > published else "below"
+        print(f"{name:<14} {pct(got['accuracy'], 9)} {theirs}  {verdict}"
+              + "".join(f" {pct(got[col], 11)}" for _, col in extra))
     mean_published = sum(PUBLISHED.values()) / len(PUBLISHED)
-    print(f"{'mean':<14} {100 * sum(ours) / len(ours):8.2f}% {100 * mean_published:7.2f}%       "
-          + (f" {100 * sum(alone) / len(alone):8.2f}%" if rates else "")
-          + f"  (ours over the {len(ours)} strategies measured)")
+    n = len(means["accuracy"])
+    print(f"{'mean':<14} {pct(sum(means['accuracy']) / n, 9)} {100 * mean_published:7.2f}%       "
+          + "".join(f" {pct(sum(means[col]) / n, 11)}" for _, col in extra)
+          + f"  (ours over the {n} strategies measured)")
 
 
 if __name__ == "__main__":

@@ -180,12 +180,16 @@ def test_bench_paradl_prints_the_table_from_a_calibration(tmp_path):
     cal, spec = calibration(tmp_path / "cal.json"), "cnn:batch=4,image=8,channels=4,convs=8-p,dense=8"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.paradl", "--launch", shlex.join(mpiexec_argv(4)),
                            "--calibration", cal, "--model", spec,
-                           "--out", str(tmp_path / "b"), "--validate-args", shlex.join(FAST)],
+                           "--out", str(tmp_path / "b"), "--validate-args", shlex.join(FAST), "--repeat", "2"],
                           env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    table = pd.read_csv(tmp_path / "b" / "paradl.csv")
-    assert list(table["strategy"]) == ["data", "filter", "channel", "spatial", "pipeline", "data+filter",
-                                       "data+spatial"]
+    both = pd.read_csv(tmp_path / "b" / "paradl.csv")
+    table, second = both[both["run"] == 1].reset_index(), both[both["run"] == 2].reset_index()
+    assert list(table["strategy"]) == list(second["strategy"]) == ["data", "filter", "channel", "spatial", "pipeline",
+                                                                   "data+filter", "data+spatial"]
+    m1, m2 = table["measured_s"], second["measured_s"]        # run 1 scored as the prediction of run 2
+    assert table["repeat_accuracy"].to_numpy() == pytest.approx((1 - (m1 - m2).abs() / m2).to_numpy())
+    assert second["repeat_accuracy"].isna().all() and len(list((tmp_path / "b").glob("*-2x2-2/summary.json"))) == 1
     assert (table["measured_s"] > 0).all() and table["predicted_s"].gt(0).all()
     assert (table["accuracy"] == 1 - (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]).all()
     profile = load_profile(tmp_path / "b" / "profile.json")          # compute from the profile the run made
