@@ -56,6 +56,9 @@ def main(args, cfg, layers, cal) -> int:
     say(f"validate: {len(work)} layer(s) on mesh {mesh}, {world.size} ranks on {len(set(hosts))} host(s); "
         f"calibration {args.calibration}; host allocator {allocator}, pages {pages}", flush=True)
     advice = list(cal.path_advice())
+    if profile is None and any(isinstance(layer, Model) for _, layer, _, _ in work):
+        advice.append("a network's compute is priced by the calibration's GEMM and copy rates; `commcal profile "
+                      "--model SPEC --mesh MESH` measures its kernels, and --profile prices them by that (docs/cnn.md)")
     for line in advice:
         say(f"warning: {line}", flush=True)
     slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
@@ -220,7 +223,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "fallbacks: collectives priced by another link class's models than their mesh axis's (wanted), "
                   "which the calibration lacks",
                   "calibration_advice: ways the calibration was made that are known to rank strategies worse than "
-                  "the default path (a quick preset, one MPI launch between nodes)",
+                  "the default path (a quick preset, one MPI launch between nodes), and a network's compute priced "
+                  "without a compute profile",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

@@ -76,6 +76,8 @@ def test_whole_network_strategies_match_one_process(tmp_path, ranks, mesh, strat
     assert "allreduce" in ops["data"] and not {"alltoall", "sendrecv"} & ops["data"]    # gradient reductions only
     assert "allgather" in ops["filter"] and "reduce_scatter" in ops["channel"]
     assert "sendrecv" in ops.get("spatial", ops.get("data+spatial"))
+    advice = json.loads((out / "summary.json").read_text())["calibration_advice"]   # compute by the rates: said
+    assert any("commcal profile" in line for line in advice) and "commcal profile" in proc.stdout
 
 
 PIPE = "cnn:batch=4,image=8,channels=2,convs=4-p-8,dense=8-4"

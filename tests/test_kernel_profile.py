@@ -141,6 +141,7 @@ def test_profile_times_every_kernel_validate_runs_near_what_validate_measures(tm
                 "--rounds", "2", "--refine-rounds", "0", "--bootstrap", "20"], check=True)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["profile"]["profiled"] == summary["profile"]["compute_steps"] > 0     # every kernel profiled
+    assert not any("commcal profile" in line for line in summary["calibration_advice"])
     steps = pd.read_parquet(out / "steps.parquet")
     comp = steps[steps["op"] == "compute"]
     keyed = {st.expr for st in computes(cal, CNN, "2", ["data", "filter", "channel", "spatial"])}
