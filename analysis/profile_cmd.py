@@ -2,8 +2,9 @@
 every local kernel the strategies of those networks and layers run on those meshes, at their local shapes, with all
 ranks computing at once, and write a compute profile (analysis.kernel_profile) that `search`, `predict` and `validate`
 take with --profile to price those kernels by their measured time instead of the calibration's roofline. For a network:
-the layers under each of ParaDL's strategies that apply on the mesh (or those --strategies names), and the layers of its
-pipeline (one micro-batch, replicated); for a layer: its SBP strategies on the mesh. Host kernels only."""
+its layers in order under each of ParaDL's strategies that apply on the mesh, the layers of its pipeline (one
+micro-batch, replicated) and each layer under every SBP strategy on its own (only the ParaDL strategies --strategies
+names, where given); for a layer: its SBP strategies on the mesh. Host kernels only."""
 
 from __future__ import annotations
 
@@ -33,11 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mesh", action="append", default=[], required=True,
                    help="a mesh the strategies run on (repeatable), e.g. 4 or 2x2: it sets the local shapes")
     p.add_argument("--strategies", default=None, metavar="LIST",
-                   help="for --model, ParaDL's network strategies to profile, comma-separated (default: every one "
-                        "that applies on the mesh, and the pipeline)")
-    p.add_argument("--all-strategies", action="store_true",
-                   help="for --model, also every SBP strategy of each layer on the mesh (what `search` prices beside "
-                        "ParaDL's strategies)")
+                   help="for --model, only these of ParaDL's network strategies, comma-separated, e.g. data,pipeline "
+                        "(default: every one that applies on the mesh, the pipeline, and every SBP strategy of each "
+                        "layer, which `search` prices beside them)")
     p.add_argument("--out", required=True, help="the profile file to write (JSON)")
     add_dtype_argument(p)
     p.add_argument("--samples", type=int, default=15, help="timed calls of each kernel per program (default 15)")
@@ -85,7 +84,7 @@ def work(args) -> list[tuple[str, list[tuple[object, object, object]]]]:
         for mesh in meshes:
             for name in applicable(mesh) if names is None else [n for n in names if n in applicable(mesh)]:
                 add(f"{spec} {name}", model.layers, assignment(model, name, mesh), mesh)
-            if args.all_strategies:
+            if names is None:
                 for layer in model.layers:
                     for st in layer.strategies(mesh):
                         add(f"{spec} {layer.name} {st.id}", [layer], [st], mesh)

@@ -131,11 +131,14 @@ def test_search_and_predict_price_compute_by_the_profile_and_say_how_much(tmp_pa
 
 
 @pytest.mark.mpi
-def test_profile_times_every_kernel_validate_runs_near_what_validate_measures(tmp_path, cal):
+def test_profile_times_every_kernel_validate_runs_near_what_validate_measures(tmp_path, capsys, cal):
     prof, out = tmp_path / "p.json", tmp_path / "v"
     run_mpi(2, ["profile", "--model", CNN, "--mesh", "2", "--out", str(prof)], check=True)
     profile = load_profile(prof)
     assert profile.ranks == 2 and all(k.median_s > 0 and k.samples >= 15 for k in profile.kernels)
+    code, text, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--json", "--profile", str(prof)])
+    got = json.loads(text)["profile"]                          # every strategy search weighs is profiled
+    assert code == 0 and got["profiled"] == got["compute_steps"] > 0 and "warning" not in err
     run_mpi(2, ["validate", cal, "--model", CNN, "--mesh", "2", "--strategies",
                 "data,filter,channel,spatial,pipeline", "--profile", str(prof), "--out", str(out), "--budget", "0.05",
                 "--rounds", "2", "--refine-rounds", "0", "--bootstrap", "20"], check=True)
