@@ -5,13 +5,13 @@ The file is versioned JSON written atomically; any problem reading it is one Usa
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from microbench.atomic import atomic_write_json
 from microbench.errors import UsageError
+from microbench.jsonfile import read_json
 
 FORMAT = "commcal-profile"
 VERSION = 1
@@ -128,12 +128,7 @@ def profile_from_dict(data, path: str = "") -> Profile:
 def load_profile(path) -> Profile:
     """Read and check a profile file; any problem is one UsageError line."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read profile ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise UsageError(f"{p}: not valid JSON ({exc})") from None
+    data = read_json(p, "profile")
     try:
         return profile_from_dict(data, str(p))
     except ValueError as exc:

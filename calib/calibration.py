@@ -17,6 +17,7 @@ from jsonschema import Draft202012Validator
 from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_terms, segment_bounds
 from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
+from microbench.jsonfile import read_json
 
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
@@ -341,10 +342,6 @@ def _rate(value: float, what: str) -> float:
     return float(value)
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"non-finite number {name}")
-
-
 def calibration_from_dict(data: dict, path: str | None = None) -> Calibration:
     """Validate a calibration dict and wrap it."""
     validate(data, path or "calibration")
@@ -354,12 +351,4 @@ def calibration_from_dict(data: dict, path: str | None = None) -> Calibration:
 def load_calibration(path) -> Calibration:
     """Read, validate and wrap a calibration file; any problem is one UsageError line."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read calibration ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise UsageError(f"{p}: not valid JSON ({exc})") from None
-    return calibration_from_dict(data, str(p))
+    return calibration_from_dict(read_json(p, "calibration"), str(p))

@@ -23,6 +23,7 @@ from calib.algorithms import CANDIDATES, P2P_OPS
 from calib.result import CalibrationResult, CopyRate, GemmRate, p2p_of
 from calib.synthetic import TrueModel, exact_models, link_shape
 from microbench.errors import UsageError
+from microbench.jsonfile import read_json
 from microbench.links import meaning
 from microbench.ops import itemsize
 
@@ -165,10 +166,4 @@ def read_spec(path) -> dict:
     if not p.exists() and p.suffix == "":
         shipped = Path(__file__).with_name(f"{p.name}.spec.json")
         p = shipped if shipped.exists() else p
-    try:
-        spec = json.loads(p.read_text())
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read spec ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc})") from None
-    return spec
+    return read_json(p, "spec", shown=path)

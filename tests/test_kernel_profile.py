@@ -90,7 +90,8 @@ def mutated(path: str, value):
 @pytest.mark.parametrize("path,value,says", [
     ("format", "commcal-calibration", "not a compute profile"), ("version", 2, "version 2"),
     ("kernels", {}, "kernels is not a list"), ("kernels.0.median_s", -1.0, "positive"),
-    ("kernels.0.median_s", math.nan, "positive"), ("kernels.0.median_s", True, "positive"),
+    ("kernels.0.median_s", math.nan, "non-finite"), ("kernels.0.median_s", math.inf, "non-finite"),
+    ("kernels.0.median_s", True, "positive"), ("kernels.0.median_s", 0, "positive"),
     ("kernels.0.operands", [[4, -8]], "operand"), ("kernels.0.out", KeyError, "out"),
     ("kernels.0.samples", 0, "samples"), ("kernels.0.spread", "x", "spread"), ("ranks", 0, "ranks"),
     ("hosts", "a", "hosts"), ("kernels.0.expr", 3, "strings")])
