@@ -123,6 +123,10 @@ def test_search_and_predict_price_compute_by_the_profile_and_say_how_much(tmp_pa
     got = json.loads(out)
     assert got["profile"]["path"] == str(path) and 0 < got["profile"]["profiled"] < got["profile"]["compute_steps"]
     assert "has " in err and "compute steps' kernels" in err          # the rest by the rates, said once
+    assert "rank(s) per node" not in err and got["profile"]["ranks_per_node"] == 2
+    code, _, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--ranks-per-node", "1",
+                                     "--profile", str(path)])
+    assert code == 0 and "timed its kernels with 2 rank(s) per node computing at once, the mesh has 1" in err
     data = next(r for r in got["paradl"] if r["strategy"] == "data")
     assert data["compute_s"] >= 0.25 * len({KernelKey.of(st, "float32") for st in steps})  # the profile's times
     code, out, _ = run_main(capsys, ["predict", cal, "--layer", "linear:m=8,k=8,n=8", "--strategy", "m",
