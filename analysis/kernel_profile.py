@@ -44,7 +44,8 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Profile:
-    """Profiled kernels and where they were measured (ranks at once per node, hosts, host memory setup)."""
+    """Profiled kernels and where they were measured (ranks at once per node, hosts, host memory setup, the backend
+    whose device ran them: mpi on the host, mpi-cuda or nccl on the GPU)."""
 
     kernels: tuple[Kernel, ...]
     ranks: int
@@ -53,6 +54,7 @@ class Profile:
     created: str
     allocator: str
     page_policy: str
+    backend: str = "mpi"
     path: str = ""
 
     def __post_init__(self) -> None:
@@ -65,7 +67,7 @@ class Profile:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "created": self.created, "ranks": self.ranks,
                 "ranks_per_node": self.ranks_per_node, "hosts": list(self.hosts), "allocator": self.allocator,
-                "page_policy": self.page_policy,
+                "page_policy": self.page_policy, "backend": self.backend,
                 "kernels": [{"expr": k.key.expr, "operands": [list(s) for s in k.key.operands], "out": list(k.key.out),
                              "dtype": k.key.dtype, "median_s": k.median_s, "samples": k.samples, "spread": k.spread}
                             for k in self.kernels]}
@@ -118,9 +120,9 @@ def profile_from_dict(data, path: str = "") -> Profile:
             raise ValueError(f"{name} must be a positive integer")
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise ValueError("hosts is not a list of names")
-    texts = [data.get(k, "") for k in ("created", "allocator", "page_policy")]
+    texts = [data.get(k) for k in ("created", "allocator", "page_policy", "backend")]
     if not all(isinstance(t, str) for t in texts):
-        raise ValueError("created, allocator and page_policy must be strings")
+        raise ValueError("created, allocator, page_policy and backend must be strings")
     return Profile(tuple(_kernel(k, i) for i, k in enumerate(kernels)), ranks, per_node, tuple(hosts), *texts,
                    path=path)
 

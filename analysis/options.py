@@ -108,9 +108,10 @@ def load_profile_argument(args):
 
 
 def profile_record(pricer, steps, say: bool = True) -> dict | None:
-    """{path, profiled, compute_steps, ranks_per_node} of the pricer's profile over `steps` (None without one), after
-    a stderr warning where it lacks some of their kernels, which the calibration's rates then price, and one where
-    it was measured with another number of ranks per node computing at once than the mesh has."""
+    """{path, profiled, compute_steps, ranks_per_node, backend} of the pricer's profile over `steps` (None without
+    one), after a stderr warning where it lacks some of their kernels, which the calibration's rates then price, one
+    where it timed them on another backend than the calibration's, and one where it was measured with another number
+    of ranks per node computing at once than the mesh has."""
     profile = pricer.profile
     if profile is None:
         return None
@@ -119,9 +120,14 @@ def profile_record(pricer, steps, say: bool = True) -> dict | None:
         print(f"commcal: warning: profile {profile.path} has {hit} of {total} compute steps' kernels; the "
               f"others are priced by the calibration's GEMM and copy rates (profile these shapes with `commcal "
               f"profile` on the same specs and mesh)", file=sys.stderr, flush=True)
+    if say and profile.backend != pricer.cal.backend:
+        print(f"commcal: warning: profile {profile.path} timed its kernels with backend {profile.backend!r}, the "
+              f"calibration is of {pricer.cal.backend!r}: host and device kernels take different times",
+              file=sys.stderr, flush=True)
     here = pricer.mesh.ranks_per_node
     if say and profile.ranks_per_node != here:
         print(f"commcal: warning: profile {profile.path} timed its kernels with {profile.ranks_per_node} rank(s) per "
               f"node computing at once, the mesh has {here}: where ranks share a node's cores and memory, its "
               f"kernels take another time", file=sys.stderr, flush=True)
-    return {"path": profile.path, "profiled": hit, "compute_steps": total, "ranks_per_node": profile.ranks_per_node}
+    return {"path": profile.path, "profiled": hit, "compute_steps": total, "ranks_per_node": profile.ranks_per_node,
+            "backend": profile.backend}

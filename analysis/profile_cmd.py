@@ -4,7 +4,8 @@ ranks computing at once, and write a compute profile (analysis.kernel_profile) t
 take with --profile to price those kernels by their measured time instead of the calibration's roofline. For a network:
 its layers in order under each of ParaDL's strategies that apply on the mesh, the layers of its pipeline (one
 micro-batch, replicated) and each layer under every SBP strategy on its own (only the ParaDL strategies --strategies
-names, where given); for a layer: its SBP strategies on the mesh. Host kernels only."""
+names, where given); for a layer: its SBP strategies on the mesh. --backend mpi-cuda or nccl runs the kernels on the
+GPU, as validate does with that backend."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from analysis.paradl import PIPELINE, PIPELINE_MICRO_BATCHES, STRATEGIES, applic
 from analysis.options import add_dtype_argument
 from microbench.buffers import PAGE_POLICIES
 from microbench.errors import UsageError
+from microbench.flags import BACKEND_HELP, add_backend_argument
 
 ALLOCATORS = ("cache", "system")
 
@@ -39,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "layer, which `search` prices beside them)")
     p.add_argument("--out", required=True, help="the profile file to write (JSON)")
     add_dtype_argument(p)
+    add_backend_argument(p, BACKEND_HELP + " (the device the kernels run on: profile with validate's backend)")
     p.add_argument("--samples", type=int, default=15, help="timed calls of each kernel per program (default 15)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="cache",
                    help="host memory as validate's --allocator (default cache)")

@@ -135,3 +135,27 @@ def test_nccl_timer_rotates_through_every_cold_device_slot(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "device slots 16 wrong 0 spaced True" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(GPU_REASON is None, reason="this machine has a GPU: the no-GPU error path does not apply")
+def test_profile_on_a_gpu_backend_without_gpu_is_a_clear_error(tmp_path):
+    proc = run_mpi(2, ["profile", "--model", "vgg-small", "--mesh", "2", "--backend", "nccl",
+                       "--out", str(tmp_path / "p.json")])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("commcal: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "--backend nccl" in errors[0]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_profile_times_a_network_s_kernels_on_the_gpu(tmp_path):
+    """The kernels of vgg-small's strategies on one GPU: every one the host profile holds, timed on the device."""
+    from analysis.kernel_profile import load_profile
+
+    run_mpi(1, ["profile", "--model", "vgg-small", "--mesh", "1", "--backend", "nccl", "--out",
+                str(tmp_path / "gpu.json")], check=True)
+    run_mpi(1, ["profile", "--model", "vgg-small", "--mesh", "1", "--out", str(tmp_path / "host.json")], check=True)
+    gpu, host = load_profile(tmp_path / "gpu.json"), load_profile(tmp_path / "host.json")
+    assert gpu.backend == "nccl" and host.backend == "mpi"
+    assert {k.key for k in gpu.kernels} == {k.key for k in host.kernels}
+    assert all(k.median_s > 0 for k in gpu.kernels)

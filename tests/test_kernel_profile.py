@@ -5,6 +5,7 @@ validate itself measures for them."""
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -70,7 +71,7 @@ def test_a_profile_round_trips_and_prices_its_kernels_in_place_of_the_roofline(t
 
 def good() -> dict:
     return {"format": "commcal-profile", "version": 1, "created": "x", "ranks": 2, "ranks_per_node": 2,
-            "hosts": ["a"], "allocator": "cache", "page_policy": "nohugepage",
+            "hosts": ["a"], "allocator": "cache", "page_policy": "nohugepage", "backend": "mpi",
             "kernels": [{"expr": "Y = W @ cols", "operands": [[4, 8], [2, 4]], "out": [2, 8], "dtype": "float32",
                          "median_s": 1e-4, "samples": 3, "spread": 0.0}]}
 
@@ -94,7 +95,7 @@ def mutated(path: str, value):
     ("kernels.0.median_s", True, "positive"), ("kernels.0.median_s", 0, "positive"),
     ("kernels.0.operands", [[4, -8]], "operand"), ("kernels.0.out", KeyError, "out"),
     ("kernels.0.samples", 0, "samples"), ("kernels.0.spread", "x", "spread"), ("ranks", 0, "ranks"),
-    ("hosts", "a", "hosts"), ("kernels.0.expr", 3, "strings")])
+    ("hosts", "a", "hosts"), ("kernels.0.expr", 3, "strings"), ("backend", KeyError, "backend")])
 def test_every_malformed_profile_is_one_line_and_exit_2(tmp_path, capsys, cal, path, value, says):
     profile_from_dict(good())
     bad = tmp_path / "bad.json"
@@ -127,6 +128,9 @@ def test_search_and_predict_price_compute_by_the_profile_and_say_how_much(tmp_pa
     code, _, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--ranks-per-node", "1",
                                      "--profile", str(path)])
     assert code == 0 and "timed its kernels with 2 rank(s) per node computing at once, the mesh has 1" in err
+    gpu = write_profile(replace(profile_of(steps), backend="nccl"), tmp_path / "gpu.json")
+    code, _, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--profile", str(gpu)])
+    assert code == 0 and "with backend 'nccl', the calibration is of 'mpi'" in err
     data = next(r for r in got["paradl"] if r["strategy"] == "data")
     assert data["compute_s"] >= 0.25 * len({KernelKey.of(st, "float32") for st in steps})  # the profile's times
     code, out, _ = run_main(capsys, ["predict", cal, "--layer", "linear:m=8,k=8,n=8", "--strategy", "m",
