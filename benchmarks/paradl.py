@@ -13,7 +13,8 @@ balanced by time, GPipe, 4 micro-batches: `search`'s) runs on mesh 4 too, on the
 
 --calibration CAL skips the sweep and the fit, --profile FILE the profiling, --no-profile prices compute by the rates
 alone; --model SPEC (repeatable) picks the networks (default vgg-small and resnet-small); --repeat 2 validates
-everything twice in turn and prints the accuracy one run's measurements reach as the prediction of the other's."""
+everything twice in turn and prints the accuracy one run's measurements reach as the prediction of the other's;
+--mesh M (repeatable) picks the meshes, e.g. --mesh 2 alone on 2 ranks."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ from microbench.topology import nodes_of
 
 SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
-MESHES = (("4", "data,filter,channel,spatial,pipeline"), ("2x2", "data+filter,data+spatial"))
+MESHES = ("4", "2x2")
+STRATEGIES = {1: "data,filter,channel,spatial,pipeline", 2: "data+filter,data+spatial"}
+"""The strategies validated on a 1-d and a 2-d mesh: each of ParaDL's once (the pure ones on the 1-d mesh)."""
 
 
 def main(argv=None) -> int:
@@ -45,7 +48,10 @@ def main(argv=None) -> int:
 
 def _bench(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--launch", required=True, help="MPI launcher prefix for 4 ranks")
+    p.add_argument("--launch", required=True, help="MPI launcher prefix for the meshes' ranks (4 by default)")
+    p.add_argument("--mesh", action="append", default=[],
+                   help="a mesh to validate on (repeatable; default 4 and 2x2): a 1-d one runs data, filter, channel, "
+                        "spatial and the pipeline, a 2-d one data+filter and data+spatial")
     p.add_argument("--out", required=True)
     p.add_argument("--calibration", help="use this calibration (skip sweep and fit)")
     p.add_argument("--model", action="append", default=[], metavar="SPEC",
@@ -68,6 +74,9 @@ def _bench(argv) -> int:
     commcal = [sys.executable, "-m", "reports.cli"]
     launch = shlex.split(args.launch)
     models = args.model or ["vgg-small", "resnet-small"]
+    meshes = [(mesh, STRATEGIES.get(len(mesh.split("x")))) for mesh in args.mesh or MESHES]
+    if any(strategies is None for _, strategies in meshes):
+        p.error("--mesh takes a 1-d or 2-d mesh, e.g. 4 or 2x2")
     cal = args.calibration
     if cal is None:
         cal = calibrate([*launch, *commcal, "sweep", *SWEEP, *shlex.split(args.sweep_args)], args.after_gemm, out)
@@ -75,11 +84,11 @@ def _bench(argv) -> int:
     if profile is None and not args.no_profile:
         profile = str(out / "profile.json")
         _run([*launch, *commcal, "profile", *[a for m in models for a in ("--model", m)],
-              *[a for mesh, _ in MESHES for a in ("--mesh", mesh)], "--out", profile])
+              *[a for mesh, _ in meshes for a in ("--mesh", mesh)], "--out", profile])
     rows = []
     for rep in range(args.repeat):
         for model in models:
-            for mesh, strategies in MESHES:
+            for mesh, strategies in meshes:
                 run = out / (f"{model.replace(':', '_')}-{mesh}" + (f"-{rep + 1}" if rep else ""))
                 _run([*launch, *commcal, "validate", cal, "--model", model, "--mesh", mesh, "--strategies",
                       strategies, "--out", str(run), *(["--profile", profile] if profile else []),
