@@ -17,7 +17,7 @@ from analysis.harness_exec import Runner
 from analysis.kernel_profile import Kernel, KernelKey, Profile, write_profile
 from analysis.layers import Compute
 from microbench.backends import backend_for
-from microbench.buffers import keep_freed_memory, set_page_policy
+from microbench.buffers import set_page_policy, use_allocator
 from microbench.topology import nodes_of
 
 
@@ -81,7 +81,7 @@ def _time(progs, world: MPI.Comm, sync, samples: int, warmup: int = 2) -> tuple[
 def main(args, work, dtype: str) -> int:
     """Profile every pass (label, [(layer, schedule, mesh), ...]) of `work` and write args.out on rank 0."""
     world = MPI.COMM_WORLD
-    allocator = args.allocator if args.allocator == "system" or keep_freed_memory() else "system (no mallopt)"
+    allocator = use_allocator(args.allocator)
     pages = set_page_policy(args.page_policy)
     hosts = world.allgather(MPI.Get_processor_name())
     per_node = max(len(n) for n in nodes_of(hosts))

@@ -19,11 +19,10 @@ from analysis.mesh import parse_mesh
 from analysis.models import parse_model
 from analysis.paradl import PIPELINE, PIPELINE_MICRO_BATCHES, STRATEGIES, applicable, assignment, micro_batch_model
 from analysis.options import add_dtype_argument
-from microbench.buffers import PAGE_POLICIES
+from microbench.buffers import ALLOCATORS, PAGE_POLICIES
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, add_backend_argument
 
-ALLOCATORS = ("cache", "system")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,12 +21,12 @@ from analysis.models import Model, parse_model
 from analysis.options import (add_dtype_argument, add_nics_argument, add_profile_argument, add_strict_argument,
                               load_profile_argument)
 from analysis.strategies import Selection, parse_selection
+from microbench.buffers import ALLOCATORS
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
 from microbench.stats import StopRule
 from microbench.threads import LEVELS, choose
 
-ALLOCATORS = ("cache", "system")
 QUICK_LAYERS = ("linear:m=64,k=256,n=256", "mlp:batch=64,d_in=64,d_hidden=256",
                 "embedding:vocab=256,dim=64,tokens=128,density=0.25")
 PRESETS = Presets(

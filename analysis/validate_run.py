@@ -27,12 +27,12 @@ from microbench.errors import UsageError
 from microbench.stats import SPEED_GAP
 from microbench.backends import backend_for
 from microbench.atomic import atomic_write, atomic_write_json
-from microbench.buffers import keep_freed_memory, set_page_policy
+from microbench.buffers import set_page_policy, use_allocator
 
 
 def host_memory(args, cal) -> tuple[str, str]:
     """(allocator, page policy) the harness's host arrays get, set up as --allocator and --page-policy ask."""
-    allocator = args.allocator if args.allocator == "system" or keep_freed_memory() else "system (no mallopt)"
+    allocator = use_allocator(args.allocator)
     pages = args.page_policy if args.page_policy != "calibration" else cal.page_policy
     pages = set_page_policy(pages) if pages else set_page_policy("numpy-default") + ", the calibration does not say"
     return allocator, pages

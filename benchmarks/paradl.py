@@ -85,6 +85,7 @@ def _bench(argv) -> int:
         profile = str(out / "profile.json")
         _run([*launch, *commcal, "profile", *[a for m in models for a in ("--model", m)],
               *[a for mesh, _ in meshes for a in ("--mesh", mesh)], "--out", profile])
+    rates_cal = load_calibration(cal) if profile else None
     rows = []
     for rep in range(args.repeat):
         for model in models:
@@ -94,7 +95,7 @@ def _bench(argv) -> int:
                       strategies, "--out", str(run), *(["--profile", profile] if profile else []),
                       *shlex.split(args.validate_args)])
                 frame = pd.read_parquet(run / "strategies.parquet")
-                rates = _without_profile(cal, model, mesh, run) if profile else {}
+                rates = _without_profile(rates_cal, model, mesh, run) if profile else {}
                 rows += [{"run": rep + 1, "model": model, "mesh": mesh, "strategy": r.strategy,
                           "predicted_s": r.predicted_s, "measured_s": r.measured_s,
                           "rates_s": rates.get(r.strategy, float("nan"))} for r in frame.itertuples()]
@@ -108,11 +109,10 @@ def _bench(argv) -> int:
     return 0
 
 
-def _without_profile(cal: str, spec: str, mesh_text: str, run: Path) -> dict[str, float]:
+def _without_profile(calibration, spec: str, mesh_text: str, run: Path) -> dict[str, float]:
     """Each strategy's step as the calibration alone prices it (compute at its GEMM and copy rates) on the validate
     run's mesh: the same measurements scored without the profile."""
     hosts = json.loads((run / "run.json").read_text())["hosts"]
-    calibration = load_calibration(cal)
     mesh = parse_mesh(mesh_text, len(nodes_of(hosts)[0]))
     rows = network_table(spec, parse_model(spec), Tabulator(Pricer(calibration, mesh)), calibration)
     return {r["strategy"]: r["total_s"] for r in rows if r["total_s"] is not None}

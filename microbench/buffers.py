@@ -36,6 +36,16 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_LIMIT)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+ALLOCATORS = ("cache", "system")
+"""Host memory for arrays made while timing: cache (keep_freed_memory) or system (the C library's default)."""
+
+
+def use_allocator(choice: str) -> str:
+    """Set up the allocator `choice` (one of ALLOCATORS) asks for; what is in force ("system (no mallopt)" where cache
+    cannot be had)."""
+    return choice if choice == "system" or keep_freed_memory() else "system (no mallopt)"
+
+
 def address(arr: Any) -> int:
     """Raw pointer of a numpy or cupy array (device pointers go to a CUDA-aware MPI as they are)."""
     data = getattr(arr, "data", None)
