@@ -66,7 +66,7 @@ case "$action" in
     [ "$(id -u)" = 0 ] && apt_install iproute2 munge slurmctld slurmd slurm-client libpmix2 libpmix-dev
     setup_python; mpi_env
     set +e
-    "$VENV/bin/python" -m pytest -ra tests "${@:2}"
+    "$VENV/bin/python" -m pytest -ra --durations=25 tests "${@:2}"
     rc=$?
     set -e
     if [ $rc -eq 5 ]; then log "pytest collected no tests: that is a failure"; exit 1; fi

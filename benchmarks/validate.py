@@ -127,12 +127,14 @@ def _bench(argv) -> int:
                    help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
     p.add_argument("--mesh", default="2x2", help="validate's mesh (default 2x2; 2 for a control with one rank per "
                                                   "vCPU: one node with --links intra, or two nodes with --links inter)")
+    p.add_argument("--layer", action="append", metavar="SPEC",
+                   help="validate these layers instead of the default three (repeatable), e.g. shapes of your own")
     args, out, commcal, launch = parse_common(p, argv)
     cal = args.calibration
     if cal is None:
         cal = calibrate([*launch, *commcal, "sweep", *SWEEP, "--links", args.links, *shlex.split(args.sweep_args)],
                         args.after_gemm, out)
-    layers = [a for spec in LAYERS for a in ("--layer", spec)]
+    layers = [a for spec in (args.layer or LAYERS) for a in ("--layer", spec)]
     runs = [out / ("validate" if i == 0 else f"validate-{i + 1}") for i in range(args.repeat)]
     for run in runs:
         _run([*launch, *commcal, "validate", cal, "--mesh", args.mesh, "--out", str(run), *layers,

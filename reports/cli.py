@@ -58,13 +58,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str) -> int:
-    """Rank 0 prints the one line; the other ranks (which hit the same error) wait before exiting, since a
-    launcher ends the whole job at the first non-zero exit and rank 0 may not have printed yet."""
+    """Rank 0 prints the one line; every rank then waits for the others before exiting, since a launcher ends the
+    whole job at the first non-zero exit and rank 0 may not have printed yet."""
     if launcher_rank() == 0:
         print(f"commcal: error: {message}", file=sys.stderr, flush=True)
-    else:
-        time.sleep(FAIL_GRACE_S)
+    _wait_for_the_job()
     return 2
+
+
+def _wait_for_the_job() -> None:
+    """Hold this rank until every rank has reached its error (rank 0 having printed), at most FAIL_GRACE_S: through
+    a polled MPI Ibarrier where the subcommand has initialised MPI (all ranks failing alike leave at once), else, on
+    ranks other than 0, a plain wait. Never initialises MPI itself."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        request = mpi.COMM_WORLD.Ibarrier()
+        deadline = time.monotonic() + FAIL_GRACE_S
+        while not request.Test() and time.monotonic() < deadline:
+            time.sleep(0.005)
+    elif launcher_rank() != 0:
+        time.sleep(FAIL_GRACE_S)
 
 
 def build_parser(name: str | None) -> tuple[_Parser, object | None]:
