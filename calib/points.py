@@ -101,8 +101,9 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
     """Per point (index: names[code]): `seconds`, its price (microbench.stats.fastest_speed: the median of its
     samples with every visit (round) weighing the same, as the sweep's summary has it; where its calls split into
-    a fast speed (a twentieth of them or more, two calls) and slower ones (a quarter or more), the fastest speed's
-    median); `slow_ratio`, the median of the slower calls over that price (1.0: one speed); and `n_samples`. Runs store samples by point and round already; sorting happens only where they are not."""
+    speeds each held by a quarter of them or more, the fastest speed's median); `slow_ratio`,
+    the median of the slower calls over that price (1.0: one speed); and
+    `n_samples`. Runs store samples by point and round already; sorting happens only where they are not."""
     if not len(seconds):
         return pd.DataFrame({"seconds": [], "n_samples": [], "slow_ratio": []}, index=pd.Index([], dtype=str))
     key = (codes.astype(np.int64) << 32) | rounds.astype(np.int64)

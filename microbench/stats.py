@@ -126,14 +126,8 @@ SPEED_GAP = 0.15
 rendezvous ran 1-4 MiB exchanges between two nodes at 1x, 1.5x or 2x their wire time, call by call, while calls at
 one speed lay within a few percent of each other (docs/results.md, "Speeds within a launch")."""
 SPEED_SHARE = 0.25
-"""The share of a point's calls (every visit weighing the same) that makes a slower speed: fewer calls above a gap
-are disturbances (a descheduled rank, a retransmission), not a speed the machine delivers."""
-FAST_SHARE = 0.05
-"""The share of a point's calls that makes a fast speed, with at least FAST_CALLS of them: timing noise only adds
-time, so calls clustered below the rest are a speed the machine delivers, and the share a sweep draws says little
-about a later launch's (the same inter-node points ran 0-93% of their calls at the fast speed from launch to launch,
-the fast speed itself within a few percent: docs/results.md, "The default path at two rates")."""
-FAST_CALLS = 2
+"""The share of a point's calls (every visit weighing the same) that makes a speed: fewer calls on one side of a gap
+are fast or slow outliers, not a speed the machine delivers."""
 
 
 @dataclass(frozen=True)
@@ -146,18 +140,17 @@ class Speed:
 
 
 def fastest_speed(visits: list[np.ndarray]) -> Speed:
-    """The price of a point whose calls may run at several speeds. Where its sorted samples split at a gap into a fast
-    speed (FAST_SHARE of the calls, FAST_CALLS calls) and slower ones holding at least SPEED_SHARE, the price is the
-    fastest speed's median: the pooled median of such calls lies on a slower speed, between two, or (the fast one
-    holding most) above the fast speed's middle by the share of slow calls, while a validate's steps, between
-    computations, ran at the fast speed in most launches (docs/methodology.md, "Speeds"). Elsewhere the pooled
-    median."""
+    """The price of a point whose calls may run at several speeds. Where its sorted samples split at a gap into
+    speeds that each hold at least SPEED_SHARE of the calls, the price is the fastest speed's median: the pooled
+    median of such calls lies on a slower speed, between two, or (the fast one holding most) above the fast speed's
+    middle by the share of slow calls, while a validate's steps, between computations, ran at the fast speed in most
+    launches (docs/methodology.md, "Speeds"). Elsewhere the pooled median."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     if not visits:
         return Speed(float("nan"), 1.0, 1.0)
     x, cum = _weighted(visits)
     for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
-        if cum[i] >= FAST_SHARE and i + 1 >= FAST_CALLS:
+        if cum[i] >= SPEED_SHARE:
             if 1 - cum[i] < SPEED_SHARE - 1e-12 or not x[i] > 0:
                 break
             fast = _weighted_quantile(x[:i + 1], cum[:i + 1] / cum[i], 0.5, between=True)

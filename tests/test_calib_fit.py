@@ -162,7 +162,7 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     """The racks sweep with three of a cross-rack level's sizes rewritten as Open MPI's TCP rendezvous ran exchanges
     between the nodes: three of every five calls at 1.9x the wire time, so the pooled medians lie on the slow speed.
     The calibration still prices those sizes and the level's rate within 2% of the untouched fit's (priced at the
-    pooled medians they were 1.2-1.9x), and counts and names those points beside the untouched run's own."""
+    pooled medians they were 1.2-1.9x), and counts and names those points."""
     import shutil
     run = tmp_path / "run"
     shutil.copytree(DATA / "runs" / "racks-pingpong-tbf", run)
@@ -183,13 +183,10 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     priced = [calibration_from_dict(d).predict_seconds("pingpong", "inter2", 2, sizes) for d in (data, clean)]
     assert np.allclose(priced[0] / priced[1], 1, atol=0.02), priced[0] / priced[1]   # pooled medians: 1.2-1.9x
     model = data["models"]["pingpong"]["inter2"]
-    untouched = clean["models"]["pingpong"]["inter2"].get("speeds", {"n_points": 0})
-    assert model["speeds"]["n_points"] >= untouched["n_points"] + 3 and model["speeds"]["max_ratio"] > 1.5
+    assert model["speeds"]["n_points"] >= 3 and model["speeds"]["max_ratio"] > 1.5
     assert any("ran at several speeds" in w for w in model["warnings"])
-    # untouched, only sizes within the token bucket's 64 KiB burst ran at two speeds (a full bucket's and the rate's)
-    for link in ("inter", "inter2"):
-        assert clean["models"]["pingpong"][link].get("speeds", {"max_at_bytes": 0})["max_at_bytes"] <= 64 << 10
-    assert calibration_from_dict(data).data["version"] == 18
+    assert "speeds" not in clean["models"]["pingpong"]["inter"]
+    assert calibration_from_dict(data).data["version"] == 17
 
 
 def test_hockney_table_per_process_count_matches_the_model(fitted):
