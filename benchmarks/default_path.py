@@ -70,8 +70,9 @@ def one_rate(rate: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[
     work.mkdir(parents=True, exist_ok=True)
     _cluster(env, "up", "--nodes", str(args.nodes), "--rate", rate, timeout=120)
     try:
-        _job(env, work, "sweep.sh", args.nodes, args.tasks_per_node, {}, args.sweep_limit)
-        cal = next((work / "commcal-out").glob("*.json"))
+        cal = work / "calibration.json"
+        _job(env, work, "sweep.sh", args.nodes, args.tasks_per_node, {"COMMCAL_CALIBRATION": str(cal)},
+             args.sweep_limit)
         mesh = args.mesh or (f"{args.nodes}x{args.tasks_per_node}" if args.tasks_per_node > 1 else str(args.nodes))
         layers = " ".join(f"--layer {spec}" for spec in args.layer or LAYERS)
         runs = []

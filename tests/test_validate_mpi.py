@@ -167,13 +167,14 @@ def test_a_missing_link_class_is_one_warning_and_recorded_in_the_summary(tmp_pat
 
 
 def test_bench_validate_scores_repeats_on_a_control_mesh_and_names_a_failed_step(tmp_path):
-    """bench_validate with a calibration, --mesh 2 and --repeat 2 on 2 ranks prints each run's metrics and each run
-    scored as the other's prediction; a validate that refuses its input (mesh 3 on 2 ranks) ends it with exit 2 and
-    one line naming that command, no traceback."""
+    """bench_validate with a calibration, --mesh 2, --repeat 2 and a layer of the user's (--layer) on 2 ranks prints
+    each run's metrics and each run scored as the other's prediction, validating that layer alone; a validate that
+    refuses its input (mesh 3 on 2 ranks) ends it with exit 2 and one line naming that command, no traceback."""
     cal = calibration(tmp_path / "cal.json")
     bench = lambda mesh, out: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "benchmarks.validate", "--launch", shlex.join(mpiexec_argv(2)), "--calibration", cal,
-         "--mesh", mesh, "--out", str(out), "--repeat", "2", "--validate-args", shlex.join(FAST)],
+         "--mesh", mesh, "--out", str(out), "--repeat", "2", "--layer", "linear:m=8,k=8,n=16",
+         "--validate-args", shlex.join(FAST)],
         env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     proc = bench("2", tmp_path / "ok")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -183,11 +184,21 @@ def test_bench_validate_scores_repeats_on_a_control_mesh_and_names_a_failed_step
     assert all(-1 <= float(v) <= 1 for v in tau[1:5]) and tau[5:7] == [">=", "0.9"]
     for run in ("validate", "validate-2"):
         assert json.loads((tmp_path / "ok" / run / "summary.json").read_text())["mesh"].startswith("2 (1 nodes x 2")
+        assert set(pd.read_csv(tmp_path / "ok" / run / "strategies.csv").layer) == {"linear.linear"}
     proc = bench("3", tmp_path / "bad")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("bench_validate: ") and " validate " in last and "--mesh 3" in last
     assert last.endswith("exited 2")
+
+
+def test_bench_default_path_refuses_fewer_than_two_validates_in_one_line(tmp_path):
+    """The default-path benchmark needs a repeat to score against: --repeat 1 is one usage line, exit 2, before any
+    cluster is brought up."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.default_path", "--out", str(tmp_path / "dp"),
+                           "--repeat", "1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--repeat must be at least 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "dp").exists()
 
 
 @pytest.mark.gpu
