@@ -19,7 +19,7 @@ from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
@@ -33,7 +33,9 @@ added models[op][link].speeds, the points whose calls ran at several speeds, pri
 to a half of their calls; absent: every point priced at its pooled median; 17 counts in speeds every point whose calls
 split into speeds each held by a quarter of them or more, priced at the fastest, and its max_ratio is the slower
 calls' median over the price, where 16 priced and counted only a fastest speed held by less than half and divided the
-pooled median)."""
+pooled median; 18 also prices a bandwidth-bound point's fast minority, held by a twentieth of its calls and two
+calls, where it moves its bytes no faster than its operation's largest size does (calib.points.sustained_minorities),
+where 17 asked a quarter)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 

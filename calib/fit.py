@@ -142,8 +142,9 @@ def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[M
                         f"pooled median")
     fast = speeds(df)
     if fast is not None:
-        warnings.append(f"{tag}: {fast.n_points} of {fast.of_points} points ran at several speeds, each held by a quarter "
-                        f"of their calls or more; priced at the fastest, their slower calls up to "
+        warnings.append(f"{tag}: {fast.n_points} of {fast.of_points} points ran at several speeds (each held by a "
+                        f"quarter of their calls, or a sustained fast minority); priced at the fastest, their slower "
+                        f"calls up to "
                         f"{fast.max_ratio:.2f}x it ({fast.max_at_bytes:g} B, {fast.max_at_procs} ranks)")
     # an unidentifiable set was scored once: every candidate would have fitted and predicted alike
     by_name = {f.algorithm.name: (h, f) for h, f, _ in choices}

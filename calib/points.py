@@ -15,7 +15,7 @@ from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS
-from microbench.stats import fastest_speed
+from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
@@ -101,11 +101,13 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
     """Per point (index: names[code]): `seconds`, its price (microbench.stats.fastest_speed: the median of its
     samples with every visit (round) weighing the same, as the sweep's summary has it; where its calls split into
-    speeds each held by a quarter of them or more, the fastest speed's median); `slow_ratio`,
-    the median of the slower calls over that price (1.0: one speed); and
-    `n_samples`. Runs store samples by point and round already; sorting happens only where they are not."""
+    speeds each held by a quarter of them or more, the fastest speed's median); `slow_ratio`, the median of the
+    slower calls over that price (1.0: one speed); `minority_s` and `minority_ratio`, a faster minority speed and its
+    slow ratio (NaN where none: microbench.stats.point_speeds); and `n_samples`. Runs store samples by point and
+    round already; sorting happens only where they are not."""
     if not len(seconds):
-        return pd.DataFrame({"seconds": [], "n_samples": [], "slow_ratio": []}, index=pd.Index([], dtype=str))
+        return pd.DataFrame({c: [] for c in ("seconds", "n_samples", "slow_ratio", "minority_s", "minority_ratio")},
+                            index=pd.Index([], dtype=str))
     key = (codes.astype(np.int64) << 32) | rounds.astype(np.int64)
     if len(key) > 1 and (key[1:] < key[:-1]).any():
         order = np.argsort(key, kind="stable")
@@ -116,11 +118,43 @@ def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds
     new_point = np.r_[True, point_of_visit[1:] != point_of_visit[:-1]]
     visits = np.split(seconds, visit_starts[1:])
     per_point = np.split(np.arange(len(visit_starts)), np.flatnonzero(new_point)[1:])
-    speeds = [fastest_speed([visits[v] for v in vs]) for vs in per_point]
+    speeds = [point_speeds([visits[v] for v in vs]) for vs in per_point]
     sizes = np.diff(np.r_[visit_starts[new_point], len(key)])
-    return pd.DataFrame({"seconds": [sp.median for sp in speeds], "n_samples": sizes,
-                         "slow_ratio": [sp.slow_ratio for sp in speeds]},
+    minority = [m if m.median < p.median else None for p, m in speeds]
+    return pd.DataFrame({"seconds": [p.median for p, _ in speeds], "n_samples": sizes,
+                         "slow_ratio": [p.slow_ratio for p, _ in speeds],
+                         "minority_s": [m.median if m else np.nan for m in minority],
+                         "minority_ratio": [m.slow_ratio if m else np.nan for m in minority]},
                         index=pd.Index(names[point_of_visit[new_point]], dtype=str))
+
+
+BANDWIDTH_BOUND = 0.5
+"""The share of a point's time its bytes take at its operation's sustained rate from which a point is bandwidth-bound
+(calib.points.sustained_minorities)."""
+
+
+def sustained_minorities(points: pd.DataFrame) -> pd.DataFrame:
+    """`points` with each fast minority speed (`minority_s`) that moves its bytes no faster than the largest size of
+    its operation, link and process count does priced (`seconds`, `slow_ratio`), the minority columns dropped. A
+    minority at the largest size is sustained by definition (a burst is small beside it): an exchange's rendezvous
+    overlapping in some calls and not in others. One faster than that is a burst: a token bucket's full bucket after
+    an idle moment, which back-to-back traffic cannot keep up; its point keeps the quarter rule's price. So is a
+    minority where the bytes at that rate take less than BANDWIDTH_BOUND of the point's time: in the latency regime
+    a fast minority is a scheduling accident, not a transfer overlapping or not."""
+    points = points.copy()
+    minority = pd.to_numeric(points.pop("minority_s"), errors="coerce")
+    ratio = pd.to_numeric(points.pop("minority_ratio"), errors="coerce")
+    fastest = minority.fillna(points["seconds"])
+    rate = points["size_bytes"] / fastest
+    group = [points[c] for c in ("backend", "op", "link", "procs", "groups")]
+    largest = points["size_bytes"].groupby(group).transform("max")
+    sustained = rate.where(points["size_bytes"] == largest).groupby(group).transform("max")
+    wire = points["size_bytes"] / sustained
+    take = (minority.notna() & ~points["op"].isin(LOCAL_OPS) & (rate <= sustained * (1 + SPEED_GAP))
+            & (wire >= BANDWIDTH_BOUND * points["seconds"]))
+    points.loc[take, "seconds"] = minority[take]
+    points.loc[take, "slow_ratio"] = ratio[take]
+    return points
 
 
 def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.DataFrame, list[str]]:
@@ -233,7 +267,7 @@ def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool
     if len(methods) > 1 and not mix_methods:
         raise UsageError(f"runs mix timing methods {' and '.join(methods)} (imported peer logs time otherwise than "
                          f"a sweep); fit them separately or pass --mix-methods")
-    points = pd.concat(frames, ignore_index=True)
+    points = sustained_minorities(pd.concat(frames, ignore_index=True))
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:
         raise UsageError(f"runs mix backends {', '.join(backends)}; fit one at a time with --backend")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 17
+VERSION = 18
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -122,9 +122,10 @@ class LaunchSpread(Record):
 
 @dataclass(frozen=True)
 class Speeds(Record):
-    """(version 16; 17: as counted since) A model's points whose calls ran at several speeds, each held by a quarter of
-    the calls or more, and that are priced at the fastest (microbench.stats.fastest_speed): how many, of how many, and
-    the largest ratio of such a point's slower calls' median to its price, and where."""
+    """(version 16; 17 and 18: as counted since) A model's points whose calls ran at several speeds, each held by a
+    quarter of the calls or more (microbench.stats.fastest_speed) or (18) a sustained fast minority
+    (calib.points.sustained_minorities), and that are priced at the fastest: how many, of how many, and the largest
+    ratio of such a point's slower calls' median to its price, and where."""
 
     n_points: int
     of_points: int

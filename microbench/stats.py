@@ -128,6 +128,13 @@ one speed lay within a few percent of each other (docs/results.md, "Speeds withi
 SPEED_SHARE = 0.25
 """The share of a point's calls (every visit weighing the same) that makes a speed: fewer calls on one side of a gap
 are fast or slow outliers, not a speed the machine delivers."""
+MINORITY_SHARE = 0.05
+"""The share of a point's calls, with MINORITY_CALLS of them at least, that makes a fast minority speed: timing noise
+only adds time, so calls clustered below the rest ran at a speed the machine delivers, and the share a sweep draws
+says little about a later launch's (the same inter-node points ran 0-93% of their calls at the fast speed from launch
+to launch: docs/results.md, "The default path at two rates"). A minority is priced only where it is sustained
+(calib.points.sustained_minorities): a token bucket's burst is a fast minority too."""
+MINORITY_CALLS = 2
 
 
 @dataclass(frozen=True)
@@ -139,28 +146,44 @@ class Speed:
     slow_ratio: float   # the median of the slower calls over the price (1.0: one speed)
 
 
+def point_speeds(visits: list[np.ndarray]) -> tuple[Speed, Speed]:
+    """A point's price (fastest_speed) and its fast minority speed: the fastest speed held by MINORITY_SHARE of the
+    calls and MINORITY_CALLS calls, the slower ones holding SPEED_SHARE (the price itself where there is none)."""
+    visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
+    if not visits:
+        return Speed(float("nan"), 1.0, 1.0), Speed(float("nan"), 1.0, 1.0)
+    x, cum = _weighted(visits)
+    price = _split(x, cum, SPEED_SHARE, 1)
+    if price is None:
+        # one speed: pooled_estimate's median, from the one sort (estimate()'s for one visit, the weighted one)
+        pooled = (_midpoint(float(x[(len(x) - 1) // 2]), float(x[len(x) // 2])) if len(visits) == 1
+                  else _weighted_quantile(x, cum, 0.5, between=True))
+        price = Speed(pooled, 1.0, 1.0)
+    minority = _split(x, cum, MINORITY_SHARE, MINORITY_CALLS)
+    return price, (minority if minority is not None and minority.median < price.median else price)
+
+
+def _split(x: np.ndarray, cum: np.ndarray, share: float, calls: int) -> Speed | None:
+    """The first gap of the sorted samples with `share` of the weight (and `calls` samples) below it and SPEED_SHARE
+    above: the speed below it, priced at its median; None where there is no such gap."""
+    for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
+        if cum[i] >= share and i + 1 >= calls:
+            if 1 - cum[i] < SPEED_SHARE - 1e-12 or not x[i] > 0:
+                return None
+            fast = _weighted_quantile(x[:i + 1], cum[:i + 1] / cum[i], 0.5, between=True)
+            rest = (cum[i + 1:] - cum[i]) / (1 - cum[i])
+            slow = _weighted_quantile(x[i + 1:], rest, 0.5, between=True)
+            return Speed(fast, float(cum[i]), slow / fast)
+    return None
+
+
 def fastest_speed(visits: list[np.ndarray]) -> Speed:
     """The price of a point whose calls may run at several speeds. Where its sorted samples split at a gap into
     speeds that each hold at least SPEED_SHARE of the calls, the price is the fastest speed's median: the pooled
     median of such calls lies on a slower speed, between two, or (the fast one holding most) above the fast speed's
     middle by the share of slow calls, while a validate's steps, between computations, ran at the fast speed in most
     launches (docs/methodology.md, "Speeds"). Elsewhere the pooled median."""
-    visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
-    if not visits:
-        return Speed(float("nan"), 1.0, 1.0)
-    x, cum = _weighted(visits)
-    for i in np.flatnonzero(x[1:] > x[:-1] * (1 + SPEED_GAP)):
-        if cum[i] >= SPEED_SHARE:
-            if 1 - cum[i] < SPEED_SHARE - 1e-12 or not x[i] > 0:
-                break
-            fast = _weighted_quantile(x[:i + 1], cum[:i + 1] / cum[i], 0.5, between=True)
-            rest = (cum[i + 1:] - cum[i]) / (1 - cum[i])
-            slow = _weighted_quantile(x[i + 1:], rest, 0.5, between=True)
-            return Speed(fast, float(cum[i]), slow / fast)
-    # one speed: pooled_estimate's median, from the one sort (estimate()'s for one visit, the weighted one for several)
-    pooled = (_midpoint(float(x[(len(x) - 1) // 2]), float(x[len(x) // 2])) if len(visits) == 1
-              else _weighted_quantile(x, cum, 0.5, between=True))
-    return Speed(pooled, 1.0, 1.0)
+    return point_speeds(visits)[0]
 
 
 @dataclass(frozen=True)

@@ -158,22 +158,26 @@ def test_the_racks_sweep_that_missed_its_rate_is_fitted_at_its_truth():
         assert abs(bandwidth / truth - 1) < 0.02, (link, bandwidth / truth - 1)
 
 
+def _racks_with_slow_calls(tmp_path, link: str, sizes: list[int], slow_calls) -> tuple[object, pd.Series]:
+    """A copy of the racks sweep with the calls `slow_calls(iteration)` picks at `link`'s `sizes` run 1.9x slower."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "runs" / "racks-pingpong-tbf", run)
+    summary = pd.read_parquet(run / "summary.parquet")
+    slowed = summary.loc[(summary["link"] == link) & summary["size_bytes"].isin(sizes), "point_id"].astype(str)
+    samples = pd.read_parquet(run / "samples.parquet")
+    hit = samples["point_id"].astype(str).isin(slowed) & slow_calls(samples["iteration"])
+    samples.loc[hit, "time_s"] *= 1.9
+    samples.to_parquet(run / "samples.parquet")
+    return load_runs([str(run)]), slowed
+
+
 def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_path):
     """The racks sweep with three of a cross-rack level's sizes rewritten as Open MPI's TCP rendezvous ran exchanges
     between the nodes: three of every five calls at 1.9x the wire time, so the pooled medians lie on the slow speed.
     The calibration still prices those sizes and the level's rate within 2% of the untouched fit's (priced at the
     pooled medians they were 1.2-1.9x), and counts and names those points."""
-    import shutil
-    run = tmp_path / "run"
-    shutil.copytree(DATA / "runs" / "racks-pingpong-tbf", run)
-    summary = pd.read_parquet(run / "summary.parquet")
-    slowed = summary.loc[(summary["link"] == "inter2") & summary["size_bytes"].isin([1 << 20, 2 << 20, 4 << 20]),
-                         "point_id"].astype(str)
-    samples = pd.read_parquet(run / "samples.parquet")
-    hit = samples["point_id"].astype(str).isin(slowed) & (samples["iteration"] % 5 < 3)
-    samples.loc[hit, "time_s"] *= 1.9
-    samples.to_parquet(run / "samples.parquet")
-    runs = load_runs([str(run)])
+    runs, slowed = _racks_with_slow_calls(tmp_path, "inter2", [1 << 20, 2 << 20, 4 << 20], lambda it: it % 5 < 3)
     assert (runs.points.loc[runs.points["point_id"].isin(slowed), "slow_ratio"] > 1.5).all()
     clean = fit_calibration(load_runs([str(DATA / "runs" / "racks-pingpong-tbf")]))
     data = fit_calibration(runs)
@@ -186,7 +190,46 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     assert model["speeds"]["n_points"] >= 3 and model["speeds"]["max_ratio"] > 1.5
     assert any("ran at several speeds" in w for w in model["warnings"])
     assert "speeds" not in clean["models"]["pingpong"]["inter"]
-    assert calibration_from_dict(data).data["version"] == 17
+    assert calibration_from_dict(data).data["version"] == 18
+
+
+def test_a_sustained_fast_minority_is_priced_and_a_token_buckets_burst_is_not(tmp_path):
+    """Open MPI's TCP rendezvous between two nodes runs a launch's exchanges at the wire time in anything from none to
+    most of its calls. The racks sweep with nine of every ten calls at 1-4 MiB of the cross-rack level run 1.9x slower
+    (a tenth fast, below the quarter that makes a speed): those sizes are still priced at the fast speed, within 2% of
+    the untouched fit, and counted. The untouched sweep's own fast minorities, at 32 KiB on both levels, are the token
+    bucket's 64 KiB burst (2.4-3.1x faster than the rest, faster than any size's rate): not priced."""
+    runs, slowed = _racks_with_slow_calls(tmp_path, "inter2", [1 << 20, 2 << 20, 4 << 20], lambda it: it % 10 > 0)
+    minority = runs.points[runs.points["point_id"].isin(slowed)]
+    assert (minority["slow_ratio"] > 1.5).all(), minority
+    data, clean_runs = fit_calibration(runs), load_runs([str(DATA / "runs" / "racks-pingpong-tbf")])
+    clean = fit_calibration(clean_runs)
+    sizes = np.array([1 << 20, 2 << 20, 3 << 20, 4 << 20], dtype=float)
+    priced = [calibration_from_dict(d).predict_seconds("pingpong", "inter2", 2, sizes) for d in (data, clean)]
+    assert np.allclose(priced[0] / priced[1], 1, atol=0.02), priced[0] / priced[1]   # pooled medians: 1.9x
+    assert data["models"]["pingpong"]["inter2"]["speeds"]["n_points"] >= 3
+    burst = load_runs([str(DATA / "runs" / "racks-pingpong-tbf")]).points
+    assert list(burst.loc[burst["slow_ratio"] > 1, "size_bytes"]) == []
+    for link in ("inter", "inter2"):
+        assert "speeds" not in clean["models"]["pingpong"][link], clean["models"]["pingpong"][link]["speeds"]
+
+
+def test_a_fast_minority_in_the_latency_regime_or_of_a_local_operation_is_not_priced():
+    """calib.points.sustained_minorities prices a fast minority only where the point is bandwidth-bound, moves its
+    bytes no faster than the largest size does, and is communication."""
+    from calib.points import sustained_minorities
+    rows = [("allgather", 1 << 10, 50e-6, 25e-6),      # latency regime: 1 KiB at 100 MB/s is 10 us of 50
+            ("allgather", 32 << 10, 330e-6, 60e-6),    # a burst: 550 MB/s
+            ("allgather", 4 << 20, 84e-3, 43e-3),      # rendezvous overlapped in a few calls: 98 MB/s
+            ("allgather", 8 << 20, 168e-3, 86e-3),     # the largest size: its rate is the sustained one
+            ("gemm", 8 << 20, 10e-3, 5e-3)]            # not communication
+    points = pd.DataFrame([{"backend": "mpi", "op": op, "link": "inter" if op != "gemm" else "local", "procs": 2,
+                            "groups": 1, "size_bytes": n, "seconds": t, "slow_ratio": 1.0, "minority_s": m,
+                            "minority_ratio": t / m} for op, n, t, m in rows])
+    priced = sustained_minorities(points)
+    assert "minority_s" not in priced and "minority_ratio" not in priced
+    assert list(priced["seconds"]) == [50e-6, 330e-6, 43e-3, 86e-3, 10e-3]
+    assert list(priced["slow_ratio"] > 1) == [False, False, True, True, False]
 
 
 def test_hockney_table_per_process_count_matches_the_model(fitted):

@@ -17,8 +17,8 @@ from microbench.buffers import Pool, address
 from microbench.errors import UsageError
 from microbench.ops import OPS, gemm_wrong, itemsize, parse_ops
 from microbench.sizes import format_size, parse_size, parse_sizes
-from microbench.stats import (SPEED_GAP, StopRule, estimate, fastest_speed, median_ci_ranks, pooled_estimate,
-                              round_spread, sample_until_done)
+from microbench.stats import (SPEED_GAP, StopRule, estimate, fastest_speed, median_ci_ranks, point_speeds,
+                              pooled_estimate, round_spread, sample_until_done)
 from microbench.topology import default_procs, group_for, groups_per_node, parse_links, parse_procs, tiles
 
 
@@ -183,6 +183,26 @@ def test_fastest_speed_prices_a_fast_speed_the_pooled_median_misses():
         sp = fastest_speed(one)
         assert (sp.median, sp.share, sp.slow_ratio) == (pooled_estimate(one).median, 1.0, 1.0)
     assert math.isnan(fastest_speed([]).median) and fastest_speed([np.empty(0)]).share == 1.0
+
+
+def test_point_speeds_finds_a_fast_minority_the_quarter_rule_leaves_out():
+    """A tenth of the calls at 1x and the rest at 1.9x: the price stays the pooled median (a tenth is no speed by the
+    quarter rule), the minority speed is the fast calls' median; one fast call is no minority, nor a twenty-fifth."""
+    rng = np.random.default_rng(7)
+
+    def calls(t, n):
+        return t * (1 + 0.01 * rng.standard_normal(n))
+
+    few = [np.r_[calls(1.0, 1), calls(1.9, 9)], np.r_[calls(1.0, 2), calls(1.9, 8)], calls(1.9, 10)]
+    price, minority = point_speeds(few)
+    assert price == fastest_speed(few) and price.median == pooled_estimate(few).median and price.share == 1.0
+    assert minority.median == pytest.approx(1.0, rel=0.02) and minority.share == pytest.approx(0.1)
+    assert minority.slow_ratio == pytest.approx(1.9, rel=0.03)
+    for none in ([np.r_[calls(1.0, 1), calls(1.9, 9)]], [np.r_[calls(1.0, 2), calls(1.9, 48)]]):
+        price, minority = point_speeds(none)
+        assert minority == price
+    quarter = [np.r_[calls(1.0, 4), calls(1.9, 6)]]
+    assert point_speeds(quarter)[1] == point_speeds(quarter)[0] == fastest_speed(quarter)
 
 
 def test_pooled_ci_covers_the_drift_between_visits_that_the_pooled_samples_hide():

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from microbench.stats import SPEED_GAP, StopRule, estimate, fastest_speed, pooled_estimate
+from microbench.stats import (MINORITY_SHARE, SPEED_GAP, SPEED_SHARE, StopRule, estimate, fastest_speed,
+                              point_speeds, pooled_estimate)
 
 ANY_FINITE = st.floats(allow_nan=False, allow_infinity=False)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # means and spreads of ~1e308
@@ -86,3 +87,7 @@ def test_a_price_is_the_pooled_median_or_a_faster_speed_within_the_samples(visit
         assert speed.median == pooled and speed.slow_ratio == 1.0
     else:
         assert 0.25 <= speed.share <= 0.75 + 1e-9 and speed.slow_ratio > 1 + SPEED_GAP   # both sides a speed
+    price, minority = point_speeds(arrays)
+    assert price == speed and samples.min() <= minority.median <= price.median
+    if minority != price:   # a faster minority: a twentieth and two calls below a gap, a quarter above it
+        assert MINORITY_SHARE <= minority.share <= 1 - SPEED_SHARE + 1e-9 and minority.slow_ratio > 1 + SPEED_GAP
