@@ -99,7 +99,7 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
 
 
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
-    """Per point (index: names[code]): `seconds`, its price (microbench.stats.fastest_speed: the median of its
+    """Per point (index: names[code]): `seconds`, its price (microbench.stats.point_speeds: the median of its
     samples with every visit (round) weighing the same, as the sweep's summary has it; where its calls split into
     speeds each held by a quarter of them or more, the fastest speed's median); `slow_ratio`, the median of the
     slower calls over that price (1.0: one speed); `minority_s` and `minority_ratio`, a faster minority speed and its

@@ -123,7 +123,7 @@ class LaunchSpread(Record):
 @dataclass(frozen=True)
 class Speeds(Record):
     """(version 16; 17 and 18: as counted since) A model's points whose calls ran at several speeds, each held by a
-    quarter of the calls or more (microbench.stats.fastest_speed) or (18) a sustained fast minority
+    quarter of the calls or more (microbench.stats.point_speeds) or (18) a sustained fast minority
     (calib.points.sustained_minorities), and that are priced at the fastest: how many, of how many, and the largest
     ratio of such a point's slower calls' median to its price, and where."""
 

@@ -139,7 +139,7 @@ MINORITY_CALLS = 2
 
 @dataclass(frozen=True)
 class Speed:
-    """The speed a point is priced at: the median of the fastest of its speeds (microbench.stats.fastest_speed)."""
+    """A speed of a point's calls: its median, its share and how much slower the rest ran (microbench.stats.point_speeds)."""
 
     median: float       # the price
     share: float        # the share of the calls at the priced speed or faster (1.0: one speed, the pooled median)
@@ -147,8 +147,13 @@ class Speed:
 
 
 def point_speeds(visits: list[np.ndarray]) -> tuple[Speed, Speed]:
-    """A point's price (fastest_speed) and its fast minority speed: the fastest speed held by MINORITY_SHARE of the
-    calls and MINORITY_CALLS calls, the slower ones holding SPEED_SHARE (the price itself where there is none)."""
+    """A point's price and its fast minority speed. Where its sorted samples split at a gap into speeds that each hold
+    at least SPEED_SHARE of the calls, the price is the fastest speed's median: the pooled median of such calls lies
+    on a slower speed, between two, or (the fast one holding most) above the fast speed's middle by the share of slow
+    calls, while a validate's steps, between computations, ran at the fast speed in most launches
+    (docs/methodology.md, "Speeds"); elsewhere the pooled median. The minority is the fastest speed held by
+    MINORITY_SHARE of the calls and MINORITY_CALLS calls, the slower ones holding SPEED_SHARE (the price itself where
+    there is none)."""
     visits = [np.asarray(v, dtype=float) for v in visits if len(v)]
     if not visits:
         return Speed(float("nan"), 1.0, 1.0), Speed(float("nan"), 1.0, 1.0)
@@ -175,15 +180,6 @@ def _split(x: np.ndarray, cum: np.ndarray, share: float, calls: int) -> Speed | 
             slow = _weighted_quantile(x[i + 1:], rest, 0.5, between=True)
             return Speed(fast, float(cum[i]), slow / fast)
     return None
-
-
-def fastest_speed(visits: list[np.ndarray]) -> Speed:
-    """The price of a point whose calls may run at several speeds. Where its sorted samples split at a gap into
-    speeds that each hold at least SPEED_SHARE of the calls, the price is the fastest speed's median: the pooled
-    median of such calls lies on a slower speed, between two, or (the fast one holding most) above the fast speed's
-    middle by the share of slow calls, while a validate's steps, between computations, ran at the fast speed in most
-    launches (docs/methodology.md, "Speeds"). Elsewhere the pooled median."""
-    return point_speeds(visits)[0]
 
 
 @dataclass(frozen=True)

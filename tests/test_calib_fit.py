@@ -16,7 +16,7 @@ import pytest
 from calib.algorithms import algorithm
 from calib.calibration import calibration_from_dict
 from calib.fit import FitOptions, fit_result
-from calib.points import load_runs
+from calib.points import RunSet, load_runs
 from calib.segments import Points, fit_piecewise
 from calib.synthetic import Segment, TrueModel, write_synthetic_run
 
@@ -158,7 +158,7 @@ def test_the_racks_sweep_that_missed_its_rate_is_fitted_at_its_truth():
         assert abs(bandwidth / truth - 1) < 0.02, (link, bandwidth / truth - 1)
 
 
-def _racks_with_slow_calls(tmp_path, link: str, sizes: list[int], slow_calls) -> tuple[object, pd.Series]:
+def _racks_with_slow_calls(tmp_path, link: str, sizes: list[int], slow_calls) -> tuple[RunSet, pd.Series]:
     """A copy of the racks sweep with the calls `slow_calls(iteration)` picks at `link`'s `sizes` run 1.9x slower."""
     import shutil
     run = tmp_path / "run"
