@@ -112,13 +112,20 @@ def _bench(argv) -> int:
     rows = {}
     for rate in args.rates.split(","):
         rows[rate] = one_rate(rate, args, out / rate)
-    print(f"\n{'rate':<10} {'metric':<20} {'calibration':>11} {'repeat':>8} {'gap':>7}  target")
+    print("\n" + "\n".join(verdicts(rows)))
+    return 0
+
+
+def verdicts(rows: dict[str, dict[str, tuple[float, float]]]) -> list[str]:
+    """The table of gaps: per rate and metric the calibration's mean, the repeat's, how far the calibration falls
+    short of the repeat (negative: it did better) and whether that is within GAPS."""
+    lines = [f"{'rate':<10} {'metric':<20} {'calibration':>11} {'repeat':>8} {'gap':>7}  target"]
     for rate, metrics in rows.items():
         for name, allowed in GAPS:
             c, r = metrics[name]
-            print(f"{rate:<10} {name:<20} {c:>11.4f} {r:>8.4f} {r - c:>7.4f}  <= {allowed:g} "
-                  + ("MET" if r - c <= allowed else "missed"))
-    return 0
+            lines.append(f"{rate:<10} {name:<20} {c:>11.4f} {r:>8.4f} {r - c:>7.4f}  <= {allowed:g} "
+                         + ("MET" if r - c <= allowed else "missed"))
+    return lines
 
 
 def main(argv=None) -> int:

@@ -201,6 +201,18 @@ def test_bench_default_path_refuses_fewer_than_two_validates_in_one_line(tmp_pat
     assert not (tmp_path / "dp").exists()
 
 
+def test_bench_default_path_meets_a_gap_only_where_the_calibration_is_that_close_to_the_repeat():
+    """The verdict compares the calibration's mean with the repeat's: short by more than the gap is missed, short by
+    less or better than the repeat is met (a tau of 0.5 against a repeat of 1.0 misses; accuracy 0.9102 against
+    0.9519 misses 0.03; 0.9453 against 0.9116 meets)."""
+    from benchmarks.default_path import verdicts
+    lines = verdicts({"800mbit": {"comm_mean_accuracy": (0.9102, 0.9519), "comm_kendall_tau": (0.5, 1.0)},
+                      "400mbit": {"comm_mean_accuracy": (0.9453, 0.9116), "comm_kendall_tau": (0.96, 1.0)}})
+    ends = [line.split()[-1] for line in lines[1:]]
+    assert ends == ["missed", "missed", "MET", "MET"], lines
+    assert " 0.0417 " in lines[1] and " -0.0337 " in lines[3], lines
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
 @pytest.mark.parametrize("backend", ["nccl", "mpi-cuda"])
