@@ -161,7 +161,7 @@ class NcclBackend(CudaMpiBackend):
         self.nccl = nccl
         self.stream = self.cupy.cuda.Stream(non_blocking=True)
         self._comms: dict[int, object] = {}
-        self.dtypes = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64, "float16": nccl.NCCL_FLOAT16,
+        self._nccl_types = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64, "float16": nccl.NCCL_FLOAT16,
                        "int64": nccl.NCCL_INT64}
 
     def check_mpi(self) -> None:
@@ -178,7 +178,7 @@ class NcclBackend(CudaMpiBackend):
     def launch(self, op, comm, send, recv) -> None:
         """Queue one call of `op` on the stream."""
         nc, nccl, s = self.communicator(comm), self.nccl, self.stream.ptr
-        dt = self.dtypes[str(send.dtype)]
+        dt = self._nccl_types[str(send.dtype)]
         block = recv.size if op.name == "reduce_scatter" else send.size
         sp, rp = send.data.ptr, recv.data.ptr
         if op.name == "allreduce":
