@@ -45,7 +45,8 @@ class Kernel:
 @dataclass(frozen=True)
 class Profile:
     """Profiled kernels and where they were measured (ranks at once per node, hosts, host memory setup, the backend
-    whose device ran them: mpi on the host, mpi-cuda or nccl on the GPU)."""
+    whose device ran them: mpi on the host, mpi-cuda or nccl on the GPU) and, per host, the share of its CPU a
+    hypervisor took while they were timed (cpu_steal, None where the host could not tell; empty in older files)."""
 
     kernels: tuple[Kernel, ...]
     ranks: int
@@ -56,6 +57,7 @@ class Profile:
     page_policy: str
     backend: str = "mpi"
     path: str = ""
+    cpu_steal: tuple[tuple[str, float | None], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_key", {k.key: k.median_s for k in self.kernels})
@@ -67,7 +69,7 @@ class Profile:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "created": self.created, "ranks": self.ranks,
                 "ranks_per_node": self.ranks_per_node, "hosts": list(self.hosts), "allocator": self.allocator,
-                "page_policy": self.page_policy, "backend": self.backend,
+                "page_policy": self.page_policy, "backend": self.backend, "cpu_steal": dict(self.cpu_steal),
                 "kernels": [{"expr": k.key.expr, "operands": [list(s) for s in k.key.operands], "out": list(k.key.out),
                              "dtype": k.key.dtype, "median_s": k.median_s, "samples": k.samples, "spread": k.spread}
                             for k in self.kernels]}
@@ -123,8 +125,12 @@ def profile_from_dict(data, path: str = "") -> Profile:
     texts = [data.get(k) for k in ("created", "allocator", "page_policy", "backend")]
     if not all(isinstance(t, str) for t in texts):
         raise ValueError("created, allocator, page_policy and backend must be strings")
+    steal = data.get("cpu_steal", {})
+    if not isinstance(steal, dict) or not all(f is None or (isinstance(f, (int, float)) and not isinstance(f, bool)
+                                                            and 0 <= f <= 1) for f in steal.values()):
+        raise ValueError("cpu_steal is not a table of host shares between 0 and 1")
     return Profile(tuple(_kernel(k, i) for i, k in enumerate(kernels)), ranks, per_node, tuple(hosts), *texts,
-                   path=path)
+                   path=path, cpu_steal=tuple((str(h), None if f is None else float(f)) for h, f in steal.items()))
 
 
 def load_profile(path) -> Profile:

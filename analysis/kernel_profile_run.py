@@ -17,6 +17,7 @@ from analysis.harness_exec import Runner
 from analysis.kernel_profile import Kernel, KernelKey, Profile, write_profile
 from analysis.layers import Compute
 from microbench.backends import backend_for
+from microbench import provenance
 from microbench.buffers import set_page_policy, use_allocator
 from microbench.topology import nodes_of
 
@@ -91,6 +92,7 @@ def main(args, work, dtype: str) -> int:
         f"computing at once; {args.samples} timed passes each; host allocator {allocator}, pages {pages}", flush=True)
     pooled: dict[KernelKey, list[np.ndarray]] = {}
     seed = args.seed
+    counters = provenance.cpu_counters()
     for label, layers in work:
         progs = []
         for layer, sched, mesh in layers:
@@ -100,6 +102,7 @@ def main(args, work, dtype: str) -> int:
         steps, rows = _time(progs, world, backend.sync, args.samples)
         for j, step in enumerate(steps):
             pooled.setdefault(KernelKey.of(step, dtype), []).append(rows[:, j])
+    steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         kernels = []
         for key, parts in pooled.items():
@@ -109,6 +112,7 @@ def main(args, work, dtype: str) -> int:
             kernels.append(Kernel(key, med, len(s), float((q3 - q1) / med)))
         created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         write_profile(Profile(tuple(kernels), world.size, per_node, tuple(sorted(set(hosts))), created, allocator,
-                              pages, args.backend), args.out)
-        say(f"profile: {len(kernels)} kernels timed; wrote {args.out}", flush=True)
+                              pages, args.backend, cpu_steal=tuple(steal.items())), args.out)
+        say(f"profile: {len(kernels)} kernels timed; wrote {args.out}; CPU time taken by the hypervisor (steal): "
+            f"{provenance.steal_text(steal)}", flush=True)
     return 0

@@ -9,6 +9,7 @@ import sys
 from analysis.pricing import Fallback
 from microbench.errors import UsageError
 from microbench.ops import OPS
+from microbench.provenance import STEAL_WARN
 
 
 def add_mesh_arguments(p, mesh_help: str, required: bool, training: bool = False) -> None:
@@ -108,10 +109,10 @@ def load_profile_argument(args):
 
 
 def profile_record(pricer, steps, say: bool = True) -> dict | None:
-    """{path, profiled, compute_steps, ranks_per_node, backend} of the pricer's profile over `steps` (None without
+    """{path, profiled, compute_steps, ranks_per_node, backend, cpu_steal} of the pricer's profile over `steps` (None without
     one), after a stderr warning where it lacks some of their kernels, which the calibration's rates then price, one
-    where it timed them on another backend than the calibration's, and one where it was measured with another number
-    of ranks per node computing at once than the mesh has."""
+    where it timed them on another backend than the calibration's, one where it was measured with another number
+    of ranks per node computing at once than the mesh has, and one where a hypervisor took its hosts' CPU time."""
     profile = pricer.profile
     if profile is None:
         return None
@@ -129,5 +130,10 @@ def profile_record(pricer, steps, say: bool = True) -> dict | None:
         print(f"commcal: warning: profile {profile.path} timed its kernels with {profile.ranks_per_node} rank(s) per "
               f"node computing at once, the mesh has {here}: where ranks share a node's cores and memory, its "
               f"kernels take another time", file=sys.stderr, flush=True)
+    stolen = [f"{host} {f:.0%}" for host, f in profile.cpu_steal if f is not None and f > STEAL_WARN]
+    if say and stolen:
+        print(f"commcal: warning: profile {profile.path} timed its kernels while the hypervisor took CPU time "
+              f"(cpu_steal: {', '.join(stolen)}): they are inflated; profile again when the machine is quieter",
+              file=sys.stderr, flush=True)
     return {"path": profile.path, "profiled": hit, "compute_steps": total, "ranks_per_node": profile.ranks_per_node,
-            "backend": profile.backend}
+            "backend": profile.backend, "cpu_steal": dict(profile.cpu_steal)}

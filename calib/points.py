@@ -14,6 +14,7 @@ import pandas as pd
 from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
+from microbench.provenance import STEAL_WARN
 from microbench.ops import LOCAL_OPS, OPS
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
@@ -80,12 +81,6 @@ def _thread_level(meta: dict) -> dict | None:
     if not isinstance(level, dict):
         return None
     return {k: str(level.get(k, "unknown")) for k in ("requested", "provided")}
-
-
-STEAL_WARN = 0.05
-"""Above this share of CPU time taken by the hypervisor while a run measured, fit warns: a sweep whose ranks lose
-that much time to other tenants prices collectives slower than a quieter validate then measures them (the
-record: docs/results.md, "CPU steal")."""
 
 
 def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:

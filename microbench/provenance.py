@@ -59,6 +59,12 @@ def cpu_counters() -> tuple[int, ...] | None:
     return None
 
 
+STEAL_WARN = 0.05
+"""Above this share of CPU time taken by the hypervisor while a run measured, fit warns (and search and validate
+of a profile timed so): ranks that lose that much time to other tenants time collectives and kernels slower than
+a quieter run then measures them (the record: docs/results.md, "CPU steal")."""
+
+
 def steal_share(ticks) -> float | None:
     """The steal counter's share of elapsed cpu_counters() ticks (None when no time passed)."""
     total = int(sum(ticks))

@@ -28,6 +28,7 @@ from conftest import REPO, VENV_BIN, run_cli
 from test_pipeline import FAST as TRAINING_FAST
 from test_pipeline import MODEL as TRAINING_MODEL
 from microbench import memcopy
+from microbench.provenance import STEAL_WARN
 
 pytestmark = pytest.mark.cluster
 
@@ -250,7 +251,14 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     assert data["provenance"]["runs"][0]["launches"] >= 3 and data["provenance"]["runs"][0]["preset"] == "quick"
     assert data["models"]["pingpong"]["inter"]["launch_spread"]["launches"] >= 2
     assert data["link_classes"]["inter"]["nodes"] == 2 and data["link_classes"]["intra"]["nodes"] == 1
-    # 4. ground truth: the inter-node point-to-point bandwidth is the tbf rate's payload share
+    # 4. the job ended with its report
+    assert (cal_path.parent / f"{cal_path.stem}-report" / "report.html").is_file(), log
+    # 5. ground truth: the inter-node point-to-point bandwidth is the tbf rate's payload share, on hosts that ran it
+    stolen = max((f for f in (run.get("cpu_steal") or {}).values() if isinstance(f, (int, float))), default=0.0)
+    if stolen > STEAL_WARN:
+        assert any("cpu_steal" in w for w in data["warnings"]), data["warnings"]     # the fit says so
+        pytest.skip(f"the hypervisor took {stolen:.0%} of a node's CPU while the sweep ran (run.json cpu_steal): "
+                    f"the fit warned, and a bandwidth measured under steal does not judge the link")
     bw = data["p2p"]["pingpong"]["inter"]["bandwidth_bytes_per_s"]
     intra = data["p2p"]["pingpong"]["intra"]["bandwidth_bytes_per_s"]
     print(f"inter-node pingpong bandwidth {bw / 1e6:.2f} MB/s, expected {EXPECTED_BPS / 1e6:.2f} MB/s "
@@ -265,8 +273,6 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     seconds = json.loads(pred.stdout)["seconds"]
     assert abs((8 << 20) / seconds / EXPECTED_BPS - 1) <= 0.05, (seconds, pred.stdout)
     assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
-    # 5. the job ended with its report
-    assert (cal_path.parent / f"{cal_path.stem}-report" / "report.html").is_file(), log
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from calib.calibration import load_calibration
 from calib.synthetic import synthetic_calibration
 from conftest import run_main, run_mpi
 from microbench.errors import UsageError
+from microbench.provenance import STEAL_WARN
 
 CNN = "cnn:batch=4,image=8,channels=4,convs=8-p,dense=8"
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv", "pingpong")
@@ -95,7 +96,8 @@ def mutated(path: str, value):
     ("kernels.0.median_s", True, "positive"), ("kernels.0.median_s", 0, "positive"),
     ("kernels.0.operands", [[4, -8]], "operand"), ("kernels.0.out", KeyError, "out"),
     ("kernels.0.samples", 0, "samples"), ("kernels.0.spread", "x", "spread"), ("ranks", 0, "ranks"),
-    ("hosts", "a", "hosts"), ("kernels.0.expr", 3, "strings"), ("backend", KeyError, "backend")])
+    ("hosts", "a", "hosts"), ("kernels.0.expr", 3, "strings"), ("backend", KeyError, "backend"),
+    ("cpu_steal", [0.1], "cpu_steal"), ("cpu_steal", {"n1": 1.5}, "cpu_steal"), ("cpu_steal", {"n1": "x"}, "cpu_steal")])
 def test_every_malformed_profile_is_one_line_and_exit_2(tmp_path, capsys, cal, path, value, says):
     profile_from_dict(good())
     bad = tmp_path / "bad.json"
@@ -130,7 +132,11 @@ def test_search_and_predict_price_compute_by_the_profile_and_say_how_much(tmp_pa
     assert code == 0 and "timed its kernels with 2 rank(s) per node computing at once, the mesh has 1" in err
     gpu = write_profile(replace(profile_of(steps), backend="nccl"), tmp_path / "gpu.json")
     code, _, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--profile", str(gpu)])
-    assert code == 0 and "with backend 'nccl', the calibration is of 'mpi'" in err
+    assert code == 0 and "with backend 'nccl', the calibration is of 'mpi'" in err and "cpu_steal" not in err
+    stolen = write_profile(replace(profile_of(steps), cpu_steal=(("n1", 0.3), ("n2", None))), tmp_path / "s.json")
+    assert load_profile(stolen).cpu_steal == (("n1", 0.3), ("n2", None))
+    code, out, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--json", "--profile", str(stolen)])
+    assert code == 0 and "(cpu_steal: n1 30%)" in err and json.loads(out)["profile"]["cpu_steal"]["n1"] == 0.3
     data = next(r for r in got["paradl"] if r["strategy"] == "data")
     assert data["compute_s"] >= 0.25 * len({KernelKey.of(st, "float32") for st in steps})  # the profile's times
     code, out, _ = run_main(capsys, ["predict", cal, "--layer", "linear:m=8,k=8,n=8", "--strategy", "m",
@@ -160,13 +166,19 @@ def test_profile_times_every_kernel_validate_runs_near_what_validate_measures(tm
     assert set(comp["what"]) == keyed
     medians = {(k.key.expr, k.median_s) for k in profile.kernels}
     assert all((w, p) in medians for w, p in zip(comp["what"], comp["predicted_s"]))      # priced by the profile
-    # timed at validate's shapes on the same ranks: the kernels that take time at all agree within a factor
-    big = comp[comp["predicted_s"] > 10e-6]
-    ratio = float(np.median(big["measured_s"] / big["predicted_s"]))
-    assert len(big) >= 10 and 0.5 < ratio < 2.0, ratio
     frame = pd.read_parquet(out / "strategies.parquet")
     pipe = frame[frame["strategy"] == "pipeline"]
     assert len(pipe) == 1 and pipe["predicted_s"].item() > 0
+    # timed at validate's shapes on the same ranks: the kernels that take time at all agree within a factor
+    big = comp[comp["predicted_s"] > 10e-6]
+    ratio = float(np.median(big["measured_s"] / big["predicted_s"]))
+    steal = [f for f in [*dict(profile.cpu_steal).values(), *summary["cpu_steal"].values()] if f is not None]
+    print(f"validate ran the profiled kernels at {ratio:.3f}x their profiled time; steal {steal}")
+    assert len(big) >= 10 and set(dict(profile.cpu_steal)) == set(profile.hosts), profile.cpu_steal
+    if max(steal, default=0.0) > STEAL_WARN:
+        pytest.skip(f"the hypervisor took {max(steal):.0%} of a host's CPU while profile or validate timed: "
+                    f"kernels timed under steal do not judge each other ({ratio:.3f}x)")
+    assert 0.5 < ratio < 2.0, ratio
 
 
 def test_profile_refuses_what_it_cannot_run(capsys):
