@@ -245,9 +245,9 @@ def measure_peer(op: Op, comm: MPI.Comm, lay: Layout, dtype: str, rule: StopRule
     return Measurement(samples, estimate(samples), wrong, loop=iters)
 
 
-def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: StopRule, ctrl: MPI.Comm | None,
-                   wrong: int, flops: float = 0.0) -> Measurement:
-    """Time `run(i)` (the i-th iteration of one local operation) until the rule says done. With `ctrl`, every
+def _measure_local(fetch: Callable[[int], Any], run: Callable[[Any], None], sync: Callable[[], None],
+                   rule: StopRule, ctrl: MPI.Comm | None, wrong: int, flops: float = 0.0) -> Measurement:
+    """Time `run(fetch(i))` (the i-th iteration of one local operation; `fetch` untimed) until the rule says done. With `ctrl`, every
     rank of it runs at once (as training does), each iteration starting after a barrier as a collective's call
     and each of validate's steps do, iteration times are the max over them, and `wrong` (this rank's wrong
     elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations would pair calls made
@@ -260,10 +260,11 @@ def _measure_local(run: Callable[[int], None], sync: Callable[[], None], rule: S
         out = np.empty(iters + 1)
         start = time.perf_counter()
         for i in range(turn, turn + iters):
+            arrays = fetch(i)
             if ctrl is not None:
                 ctrl.Barrier()
             t0 = time.perf_counter()
-            run(i)
+            run(arrays)
             sync()
             out[i - turn] = time.perf_counter() - t0
         out[-1] = time.perf_counter() - start
@@ -284,6 +285,6 @@ def measure_local(op: Op, lay: Layout, dtype: str, rule: StopRule, backend: Any,
     checked after a first untimed iteration. With a `pool`, iterations rotate through cold copies of its operands
     and results, as for collectives."""
     kernel = op.local(backend.xp, lay, dtype, lambda a, b: pool.slots(a, b) if pool is not None else Slots(a, b))
-    kernel.run(0)
+    kernel.run(kernel.fetch(0))
     backend.sync()
-    return _measure_local(kernel.run, backend.sync, rule, ctrl, kernel.check(), kernel.flops)
+    return _measure_local(kernel.fetch, kernel.run, backend.sync, rule, ctrl, kernel.check(), kernel.flops)

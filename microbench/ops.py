@@ -53,10 +53,13 @@ COMM_DTYPE = "float32"
 
 @dataclass(frozen=True)
 class Local:
-    """One local operation set up on its operands: `run(i)` is its i-th iteration (slot i of the buffers),
-    `check()` the wrong elements of iteration 0's result (after it ran and the device synchronised)."""
+    """One local operation set up on its operands: `fetch(i)` gives its i-th iteration's arrays (views of slot i of
+    the buffers, made outside the timed call as a collective's are: on a GPU each view costs microseconds),
+    `run(arrays)` runs it on them, `check()` counts the wrong elements of iteration 0's result (after it ran and
+    the device synchronised)."""
 
-    run: Callable[[int], None]
+    fetch: Callable[[int], Any]
+    run: Callable[[Any], None]
     check: Callable[[], int]
     flops: float = 0.0
 
@@ -151,15 +154,19 @@ def _gemm(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) ->
     ab = xp.stack([_operand(xp, n, dtype, rng), _operand(xp, n, dtype, rng)])
     pairs = slots(ab, xp.zeros((n, n), dtype=ab.dtype))
 
-    def product(i: int) -> None:
+    def fetch(i: int) -> tuple:
         operands, c = pairs.pair(i)
-        xp.matmul(operands[0], operands[1], out=c)
+        return operands[0], operands[1], c
+
+    def product(arrays: tuple) -> None:
+        a, b, c = arrays
+        xp.matmul(a, b, out=c)
 
     def check() -> int:
         rows, cols = rng.integers(0, n, 16), rng.integers(0, n, 16)
         a64, b64, c_host = (np.asarray(_host(m), dtype=np.float64) for m in (ab[0], ab[1], pairs.pair(0)[1]))
         return gemm_wrong(a64[rows, :], b64[:, cols], c_host[rows, cols], n, dtype)
-    return Local(product, check, gemm_flops(n))
+    return Local(fetch, product, check, gemm_flops(n))
 
 
 def _copy(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) -> Local:
@@ -171,14 +178,18 @@ def _copy(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) ->
     src = _operand(xp, n, dtype, np.random.default_rng(0))
     pairs = slots(src, xp.zeros((2, n, n // 2), dtype=src.dtype))
 
-    def halves(i: int) -> None:
+    def fetch(i: int) -> tuple:
         s, d = pairs.pair(i)
+        return s, d
+
+    def halves(arrays: tuple) -> None:
+        s, d = arrays
         xp.copyto(d, xp.moveaxis(s.reshape(n, 2, n // 2), 1, 0))
 
     def check() -> int:
         got, want = _host(pairs.pair(0)[1]), _host(src)
         return int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
-    return Local(halves, check)
+    return Local(fetch, halves, check)
 
 
 def compute_phase(backend: Any, n: int) -> Callable[[], None]:

@@ -179,7 +179,7 @@ LOCKSTEP = textwrap.dedent("""
             time.sleep(0.004)
         spans.append((t0, time.monotonic()))
 
-    m = driver._measure_local(run, lambda: None, StopRule(target_ci=0.0, min_samples=20, budget_s=0.0), world, 0)
+    m = driver._measure_local(lambda i: i, run, lambda: None, StopRule(target_ci=0.0, min_samples=20, budget_s=0.0), world, 0)
     every = world.gather(np.array(spans), root=0)
     if world.rank == 0:
         late = sum(int(other[i + 1, 0] < every[0][i, 1]) for other in every[1:] for i in range(len(other) - 1))
