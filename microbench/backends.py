@@ -156,8 +156,13 @@ class NcclBackend(CudaMpiBackend):
 
     def __init__(self, world, hosts: list[str]) -> None:
         super().__init__(world, hosts)
-        from cupy.cuda import nccl
-
+        try:
+            from cupy.cuda import nccl
+        except ImportError as exc:
+            raise UsageError(f"--backend nccl: cupy cannot load NCCL ({exc})") from None
+        if not getattr(nccl, "available", True):
+            raise UsageError("--backend nccl: this cupy has no NCCL; install NCCL for its CUDA (the nvidia-nccl "
+                             "wheel or a site module) or use --backend mpi-cuda")
         self.nccl = nccl
         self.stream = self.cupy.cuda.Stream(non_blocking=True)
         self._comms: dict[int, object] = {}

@@ -20,6 +20,7 @@
 #   COMMCAL_PRESET        quick (default: small layers, loose target) | full (give --layer specs in
 #                         COMMCAL_VALIDATE_ARGS)
 #   COMMCAL_VALIDATE_ARGS more `commcal validate` arguments, verbatim (e.g. --mesh 2x2 --layer mlp:...)
+#   COMMCAL_BACKEND       mpi | mpi-cuda | nccl (default mpi): the backend the calibration was swept with
 #   COMMCAL_LAUNCHER      srun (default; --mpi=$COMMCAL_SRUN_MPI, pmix unless set) | mpirun
 #   COMMCAL               the commcal command (default: `commcal` on PATH, else
 #                         $SLURM_SUBMIT_DIR/.venv/bin/commcal)
@@ -75,6 +76,10 @@ case ${COMMCAL_PRESET:-quick} in
   quick) extra+=(--quick) ;;
   full) ;;
   *) fail "COMMCAL_PRESET must be quick or full, not '${COMMCAL_PRESET}'" 2 ;;
+esac
+case ${COMMCAL_BACKEND:-mpi} in
+  mpi|mpi-cuda|nccl) extra+=(--backend "${COMMCAL_BACKEND:-mpi}") ;;
+  *) fail "COMMCAL_BACKEND must be mpi, mpi-cuda or nccl, not '${COMMCAL_BACKEND}'" 2 ;;
 esac
 if [ -n "${COMMCAL_VALIDATE_ARGS:-}" ]; then read -r -a more <<<"$COMMCAL_VALIDATE_ARGS"; extra+=("${more[@]}"); fi
 

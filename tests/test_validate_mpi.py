@@ -228,3 +228,26 @@ def test_gpu_backends_run_every_strategy_with_cupy_arrays(tmp_path, backend):
         pytest.skip("this MPI is not CUDA-aware: " + proc.stderr.strip().splitlines()[0])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (pd.read_csv(tmp_path / "v" / "strategies.csv").max_rel_err <= TOLERANCE["float32"]).all()
+
+
+def test_validate_sh_passes_its_backend_knob_and_refuses_a_bad_one(tmp_path):
+    """slurm/validate.sh in a job's environment (Slurm's variables set, mpirun as launcher): COMMCAL_BACKEND goes to
+    validate as --backend; a backend that is none of commcal's fails the job in one line, exit 2, before launching."""
+    import os
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))     # commcal is not installed
+    env = mpi_env() | {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "COMMCAL_LAUNCHER": "mpirun", "PYTHONPATH": path,
+                       "COMMCAL": shlex.join([sys.executable, "-m", "reports.cli"]), "COMMCAL_PRESET": "full",
+                       "COMMCAL_CALIBRATION": calibration(tmp_path / "cal.json"),
+                       "COMMCAL_VALIDATE_ARGS": shlex.join(["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", *FAST])}
+
+    def job(backend: str, out: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(REPO / "slurm" / "validate.sh")], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300,
+                              env=env | {"COMMCAL_BACKEND": backend, "COMMCAL_VALIDATE_OUT": str(tmp_path / out)})
+    bad = job("cuda", "b")
+    assert bad.returncode == 2 and bad.stderr.count("FAILED") == 1 and "COMMCAL_BACKEND" in bad.stderr, bad.stderr
+    assert not (tmp_path / "b" / "run.json").exists()
+    good = job("mpi", "g")
+    assert good.returncode == 0, good.stdout + good.stderr
+    argv = json.loads((tmp_path / "g" / "run.json").read_text())["argv"]
+    assert argv[argv.index("--backend") + 1] == "mpi", argv
