@@ -376,3 +376,29 @@ def test_collectives_right_after_a_computation_take_the_after_compute_models(pri
     emb = Embedding("emb", ISZ, vocab=256, dim=16, tokens=64)
     back = emb.schedule(next(s for s in emb.strategies(mesh) if s.choices == ("r", "r")), mesh).backward
     assert [getattr(step, "op", "compute") for step in back] == ["alltoall", "alltoall", "compute"]
+
+
+def test_a_layers_strategies_share_one_float64_reference_and_other_data_or_kernels_get_their_own():
+    """The harness's reference (the schedule's kernels on the whole float64 data) is computed once per layer's data
+    and kernels, not per strategy; new data, or a schedule without the input gradient, gets a reference of its own,
+    and each is the plain product."""
+    from analysis.harness import layer_data
+    from analysis.harness_exec import Runner
+    from analysis.models import parse_model
+
+    layer, mesh = parse_model("linear:m=8,k=8,n=16", "float32").layers[0], parse_mesh("2")
+    runner = Runner(mesh, (0,), coll=None)
+
+    def refs(data, need_dx=True):
+        progs = [runner.program(layer, sc, data, "float32") for st in layer.strategies(mesh)
+                 if (sc := layer.schedule(st, mesh, need_dx)).feasible]
+        return [{o.name: o.reference for o in p.outputs} for p in progs]
+    data, other = layer_data(layer, 0, "float32"), layer_data(layer, 1, "float32")
+    first = refs(data)
+    assert len(first) > 2 and all(r["Y"] is first[0]["Y"] for r in first)
+    assert np.allclose(first[0]["Y"], data["X"].astype(np.float64) @ data["W"].astype(np.float64))
+    again = refs(other)
+    assert again[0]["Y"] is not first[0]["Y"]
+    assert np.allclose(again[0]["Y"], other["X"].astype(np.float64) @ other["W"].astype(np.float64))
+    no_dx = refs(other, need_dx=False)
+    assert no_dx[0]["Y"] is not again[0]["Y"] and "dX" not in no_dx[0] and "dX" in again[0]
