@@ -16,8 +16,8 @@ from analysis.harness import layer_data
 from analysis.harness_exec import Runner
 from analysis.kernel_profile import Kernel, KernelKey, Profile, write_profile
 from analysis.layers import Compute
-from microbench.backends import backend_for
 from microbench import provenance
+from microbench.backends import backend_for
 from microbench.buffers import set_page_policy, use_allocator
 from microbench.topology import nodes_of
 

@@ -109,10 +109,11 @@ def load_profile_argument(args):
 
 
 def profile_record(pricer, steps, say: bool = True) -> dict | None:
-    """{path, profiled, compute_steps, ranks_per_node, backend, cpu_steal} of the pricer's profile over `steps` (None without
-    one), after a stderr warning where it lacks some of their kernels, which the calibration's rates then price, one
-    where it timed them on another backend than the calibration's, one where it was measured with another number
-    of ranks per node computing at once than the mesh has, and one where a hypervisor took its hosts' CPU time."""
+    """{path, profiled, compute_steps, ranks_per_node, backend, cpu_steal} of the pricer's profile over `steps`
+    (None without one), after a stderr warning where it lacks some of their kernels, which the calibration's rates
+    then price, one where it timed them on another backend than the calibration's, one where it was measured with
+    another number of ranks per node computing at once than the mesh has, and one where a hypervisor took its
+    hosts' CPU time."""
     profile = pricer.profile
     if profile is None:
         return None

@@ -14,8 +14,8 @@ import pandas as pd
 from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
-from microbench.provenance import STEAL_WARN
 from microbench.ops import LOCAL_OPS, OPS
+from microbench.provenance import STEAL_WARN
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
 

@@ -166,8 +166,8 @@ class NcclBackend(CudaMpiBackend):
         self.nccl = nccl
         self.stream = self.cupy.cuda.Stream(non_blocking=True)
         self._comms: dict[int, object] = {}
-        self._nccl_types = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64, "float16": nccl.NCCL_FLOAT16,
-                       "int64": nccl.NCCL_INT64}
+        self._nccl_types = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
+                            "float16": nccl.NCCL_FLOAT16, "int64": nccl.NCCL_INT64}
 
     def check_mpi(self) -> None:
         """NCCL moves the data; MPI only carries the unique id, so any MPI will do."""
