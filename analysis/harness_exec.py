@@ -122,11 +122,9 @@ class Runner:
             return self._grid(layer, sched, data, dtype)
         inputs = {name: self.shard(data[name], sig, dtype) for name, sig in layer.data_sigs(s).items()}
         computes = [c for c in sched.steps if isinstance(c, Compute)]
-        if isinstance(layer, Embedding):     # its global ids depend on the strategy
-            reference = {name: data[name].astype(np.float64) for name in layer.data_shapes()}
-            items, inputs["ids"], reference["ids"] = self._embedding(layer, sched, data)
-            for c in computes:
-                c.run(np, reference)
+        if isinstance(layer, Embedding):
+            items, inputs["ids"], ids = self._embedding(layer, sched, data)
+            reference = self._reference(layer, data, computes, ids)
         else:
             reference = self._reference(layer, data, computes)
             if isinstance(layer, Linear):
@@ -144,18 +142,22 @@ class Runner:
             raise ValueError(f"{layer.name} {s.id}: the harness would not run the priced schedule in its order")
         return Program(tuple(items), inputs, outputs)
 
-    def _reference(self, layer: Layer, data: dict, computes: list[Compute]) -> dict:
-        """The whole float64 data after `computes`' kernels. A layer's strategies mostly run the same kernels on the
-        same data, so the last program's reference serves again rather than every rank recomputing it per strategy
-        (on a large layer, seconds of float64 GEMMs each)."""
+    def _reference(self, layer: Layer, data: dict, computes: list[Compute], ids=None) -> dict:
+        """The whole float64 data (and an embedding's global `ids`) after `computes`' kernels. A layer's strategies
+        mostly run the same kernels on the same data, so the last program's reference serves again rather than every
+        rank recomputing it per strategy (on a large layer, seconds of float64 GEMMs each); an embedding's ids depend
+        on the strategy, so its reference is always its own."""
         kernels = tuple((c.expr, c.kernel) for c in computes)
         last = self._last_reference
-        if last is not None and last[0] is data and last[1] == kernels:
+        if ids is None and last is not None and last[0] is data and last[1] == kernels:
             return last[2]
         reference = {name: data[name].astype(np.float64) for name in layer.data_shapes()}
+        if ids is not None:
+            reference["ids"] = ids
         for c in computes:
             c.run(np, reference)
-        self._last_reference = (data, kernels, reference)
+        if ids is None:
+            self._last_reference = (data, kernels, reference)
         return reference
 
     def _grid(self, layer: Linear, sched: colossal.GridSchedule, data: dict, dtype) -> Program:

@@ -250,9 +250,9 @@ def _measure_local(fetch: Callable[[int], Any], run: Callable[[Any], None], sync
     """Time `run(fetch(i))` (the i-th iteration of one local operation; `fetch` untimed) until the rule says done.
     With `ctrl`, every rank of it runs at once (as training does), each iteration starting after a barrier as a
     collective's call and each of validate's steps do, iteration times are the max over them, and `wrong` (this
-    rank's wrong elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations would pair calls made
-    at different times, which on ranks that share cores prices a local operation several times slower than in step
-    (docs/results.md, "GEMM and copy on every rank at once")."""
+    rank's wrong elements) is summed over them. Unsynchronised, the max over ranks of the i-th iterations would pair
+    calls made at different times, which on ranks that share cores prices a local operation several times slower
+    than in step (docs/results.md, "GEMM and copy on every rank at once")."""
     turn = 0
 
     def batch(iters: int) -> tuple[np.ndarray, float]:

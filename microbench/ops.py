@@ -178,10 +178,6 @@ def _copy(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) ->
     src = _operand(xp, n, dtype, np.random.default_rng(0))
     pairs = slots(src, xp.zeros((2, n, n // 2), dtype=src.dtype))
 
-    def fetch(i: int) -> tuple:
-        s, d = pairs.pair(i)
-        return s, d
-
     def halves(arrays: tuple) -> None:
         s, d = arrays
         xp.copyto(d, xp.moveaxis(s.reshape(n, 2, n // 2), 1, 0))
@@ -189,7 +185,7 @@ def _copy(xp: Any, lay: Layout, dtype: str, slots: Callable[[Any, Any], Any]) ->
     def check() -> int:
         got, want = _host(pairs.pair(0)[1]), _host(src)
         return int((got[0] != want[:, :n // 2]).sum() + (got[1] != want[:, n // 2:]).sum())
-    return Local(fetch, halves, check)
+    return Local(pairs.pair, halves, check)
 
 
 def compute_phase(backend: Any, n: int) -> Callable[[], None]:

@@ -139,7 +139,7 @@ MINORITY_CALLS = 2
 
 @dataclass(frozen=True)
 class Speed:
-    """A speed of a point's calls: its median, its share and how much slower the rest ran (microbench.stats.point_speeds)."""
+    """A speed of a point's calls: its median, its share and how much slower the rest ran (point_speeds)."""
 
     median: float       # the price
     share: float        # the share of the calls at the priced speed or faster (1.0: one speed, the pooled median)

@@ -60,7 +60,6 @@ if [ -z "$calibration" ]; then
 fi
 [ -f "$calibration" ] || fail "calibration $calibration does not exist" 2
 vout=${COMMCAL_VALIDATE_OUT:-$out_dir/validate-$cluster-$(date +%Y-%m-%d)}
-mkdir -p "$vout"
 
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
@@ -83,6 +82,7 @@ case ${COMMCAL_BACKEND:-mpi} in
 esac
 if [ -n "${COMMCAL_VALIDATE_ARGS:-}" ]; then read -r -a more <<<"$COMMCAL_VALIDATE_ARGS"; extra+=("${more[@]}"); fi
 
+mkdir -p "$vout"
 say "job $SLURM_JOB_ID on $cluster: ${SLURM_JOB_NUM_NODES:-?} node(s), $ntasks tasks; calibration $calibration"
 say "${launch[*]} ${COMMCAL_CMD[*]} validate $calibration --out $vout ${extra[*]}"
 set +e

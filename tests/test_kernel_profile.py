@@ -97,7 +97,8 @@ def mutated(path: str, value):
     ("kernels.0.operands", [[4, -8]], "operand"), ("kernels.0.out", KeyError, "out"),
     ("kernels.0.samples", 0, "samples"), ("kernels.0.spread", "x", "spread"), ("ranks", 0, "ranks"),
     ("hosts", "a", "hosts"), ("kernels.0.expr", 3, "strings"), ("backend", KeyError, "backend"),
-    ("cpu_steal", [0.1], "cpu_steal"), ("cpu_steal", {"n1": 1.5}, "cpu_steal"), ("cpu_steal", {"n1": "x"}, "cpu_steal")])
+    ("cpu_steal", [0.1], "cpu_steal"), ("cpu_steal", {"n1": 1.5}, "cpu_steal"),
+    ("cpu_steal", {"n1": "x"}, "cpu_steal")])
 def test_every_malformed_profile_is_one_line_and_exit_2(tmp_path, capsys, cal, path, value, says):
     profile_from_dict(good())
     bad = tmp_path / "bad.json"
@@ -135,7 +136,8 @@ def test_search_and_predict_price_compute_by_the_profile_and_say_how_much(tmp_pa
     assert code == 0 and "with backend 'nccl', the calibration is of 'mpi'" in err and "cpu_steal" not in err
     stolen = write_profile(replace(profile_of(steps), cpu_steal=(("n1", 0.3), ("n2", None))), tmp_path / "s.json")
     assert load_profile(stolen).cpu_steal == (("n1", 0.3), ("n2", None))
-    code, out, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--json", "--profile", str(stolen)])
+    code, out, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--json", "--profile",
+                                       str(stolen)])
     assert code == 0 and "(cpu_steal: n1 30%)" in err and json.loads(out)["profile"]["cpu_steal"]["n1"] == 0.3
     data = next(r for r in got["paradl"] if r["strategy"] == "data")
     assert data["compute_s"] >= 0.25 * len({KernelKey.of(st, "float32") for st in steps})  # the profile's times

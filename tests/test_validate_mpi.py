@@ -246,7 +246,7 @@ def test_validate_sh_passes_its_backend_knob_and_refuses_a_bad_one(tmp_path):
                               env=env | {"COMMCAL_BACKEND": backend, "COMMCAL_VALIDATE_OUT": str(tmp_path / out)})
     bad = job("cuda", "b")
     assert bad.returncode == 2 and bad.stderr.count("FAILED") == 1 and "COMMCAL_BACKEND" in bad.stderr, bad.stderr
-    assert not (tmp_path / "b" / "run.json").exists()
+    assert not (tmp_path / "b").exists()
     good = job("mpi", "g")
     assert good.returncode == 0, good.stdout + good.stderr
     argv = json.loads((tmp_path / "g" / "run.json").read_text())["argv"]
