@@ -223,8 +223,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "fallbacks: collectives priced by another link class's models than their mesh axis's (wanted), "
                   "which the calibration lacks",
                   "calibration_advice: ways the calibration was made that are known to rank strategies worse than "
-                  "the default path (a quick preset, one MPI launch between nodes), and a network's compute priced "
-                  "without a compute profile",
+                  "the default path (a quick preset, one MPI launch between nodes, no after-compute models), and a "
+                  "network's compute priced without a compute profile",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

@@ -194,8 +194,8 @@ class Calibration:
 
     def path_advice(self) -> tuple[str, ...]:
         """One line per way this calibration was made that is known to rank strategies worse than the default path
-        (docs/methodology.md, "The default path"): a quick preset, or sweeps that measured between nodes in one MPI
-        launch only; models whose points moved between launches (a validate's launch may meet either speed); and
+        (docs/methodology.md, "The default path"): a quick preset, sweeps that measured between nodes in one MPI
+        launch only, or no after-compute models; models whose points moved between launches (a validate's launch may meet either speed); and
         models priced at the fast one of several speeds.
         Empty where the provenance does not say (older files, imports, specs)."""
         runs = self.result.provenance.get("runs", [])
@@ -207,6 +207,11 @@ class Calibration:
         if between_nodes and runs and all(r.get("launches") == 1 for r in runs):
             lines.append("every point was measured in one MPI launch: modes an MPI library picks per launch are not "
                          "in its prices (slurm/sweep.sh measures in two; docs/methodology.md#launches)")
+        if not self._after and runs and all("after_gemm" in r for r in runs):
+            lines.append("no after-compute models: a collective that follows a computation is priced as a call "
+                         "back to back, which it is not (a link idle, caches cold); slurm/sweep.sh sweeps them by "
+                         "default, or `fit RUN --after-compute RUN_AFTER` with a `sweep --after-gemm 384` run "
+                         "(docs/methodology.md#after-compute-models)")
         moved = [(m.launch_spread.max, op, link, m.launch_spread) for (op, link), m in self.result.models.items()
                  if m.launch_spread is not None and m.launch_spread.max > LAUNCH_WARN]
         if moved:

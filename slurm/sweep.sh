@@ -2,13 +2,13 @@
 #SBATCH --job-name=commcal-sweep
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
-#SBATCH --time=00:30:00
+#SBATCH --time=01:00:00
 #SBATCH --output=commcal-sweep-%j.out
 #
 # commcal on a Slurm cluster: measure the collectives across the allocation, fit the alpha-beta
 # models, and write this machine's calibration file.
 #
-#   sbatch slurm/sweep.sh                                  2 nodes x 2 tasks, 30 min, every operation
+#   sbatch slurm/sweep.sh                                  2 nodes x 2 tasks, 1 hour, every operation
 #   sbatch -N 4 --ntasks-per-node=8 -t 2:00:00 slurm/sweep.sh
 #   COMMCAL_PRESET=quick sbatch slurm/sweep.sh             a first look in a few minutes
 #   sbatch slurm/sweep.sh   (again, same settings)        resumes the unfinished points of the run
@@ -33,9 +33,10 @@
 #   COMMCAL_LAUNCHES    MPI launches the rounds are split over (default 2): an MPI library may pick another
 #                       mode (protocol, placement) in each launch, and the fit sees and records how far points
 #                       move between launches only when they were measured in more than one; 1: one launch
-#   COMMCAL_AFTER_GEMM  N > 0: sweep a second time with an N x N GEMM before each call (run directory
-#                       RUN-after-gemmN) and fit it as the after-compute models, which price the collectives
-#                       that follow a computation in a training step (default 0: one sweep)
+#   COMMCAL_AFTER_GEMM  N: sweep the collectives a second time with an N x N GEMM before each call (run
+#                       directory RUN-after-gemmN) and fit it as the after-compute models, which price the
+#                       collectives that follow a computation in a training step (default 384); 0: one sweep,
+#                       in about half the time, and validate prices those collectives as back-to-back calls
 #   COMMCAL_LAUNCHER    srun (default: srun --mpi=$COMMCAL_SRUN_MPI, pmix unless set) | mpirun
 #                       (mpirun inside the allocation, unbound)
 #   COMMCAL_REPORT      auto (default: build the report when `commcal report` exists) | 0 (skip)
@@ -92,7 +93,7 @@ sweep_args=(sweep --out "$run_dir" --resume --backend "$backend")
 [ -n "${COMMCAL_TARGET_CI:-}" ] && sweep_args+=(--target-ci "$COMMCAL_TARGET_CI")
 [ -n "${COMMCAL_POINT_BUDGET:-}" ] && sweep_args+=(--point-budget "$COMMCAL_POINT_BUDGET")
 if [ -n "${COMMCAL_SWEEP_ARGS:-}" ]; then read -r -a extra <<<"$COMMCAL_SWEEP_ARGS"; sweep_args+=("${extra[@]}"); fi
-after_gemm=${COMMCAL_AFTER_GEMM:-0}
+after_gemm=${COMMCAL_AFTER_GEMM:-384}
 case $after_gemm in '' | *[!0-9]*) fail "COMMCAL_AFTER_GEMM must be a whole number, not '$after_gemm'" 2 ;; esac
 after_dir=$run_dir-after-gemm$after_gemm
 rounds=${COMMCAL_ROUNDS:-3}

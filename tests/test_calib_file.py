@@ -259,6 +259,8 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     ([{"preset": "default", "launches": 1}], ("intra",), []),            # one node: no launch-dependent link
     ([{"preset": "default", "launches": 2}], ("intra", "inter"), []),
     ([{}], ("intra", "inter"), []),                                       # older files and imports: unknown
+    ([{"preset": "default", "launches": 2, "after_gemm": 0}], ("intra", "inter"), ["no after-compute models"]),
+    ([{"preset": "quick", "launches": 2, "after_gemm": 0}], ("intra",), ["quick sweep", "no after-compute models"]),
 ])
 def test_validate_is_told_when_a_calibration_came_from_a_path_known_to_rank_worse(runs, links, says):
     data = synthetic_calibration({("allreduce", link): (5e-6, 1e-9) for link in links},

@@ -217,7 +217,7 @@ def resumed_sweep(cluster) -> ResumedSweep:
     kept = {p.name: (p.stat().st_mtime_ns, json.loads(p.read_text())["rounds"]) for p in points.glob("*.json")}
     t0 = time.monotonic()
     job = cluster.sbatch("-o", "sweep-%j.out", str(SWEEP), env=env)
-    ok, text = cluster.wait(job, 420)
+    ok, text = cluster.wait(job, 600)
     log = (cluster.work / f"sweep-{job}.out").read_text()
     assert ok, f"{text}\n{log}\n{cluster.logs()}"
     print(f"resumed sweep job: {time.monotonic() - t0:.1f} s")
@@ -250,6 +250,11 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     data = json.loads(cal_path.read_text())
     assert data["provenance"]["runs"][0]["launches"] >= 3 and data["provenance"]["runs"][0]["preset"] == "quick"
     assert data["models"]["pingpong"]["inter"]["launch_spread"]["launches"] >= 2
+    # the default path's second sweep: the after-compute models, measured in two launches as well
+    after = data["after_compute"]
+    assert after["after_gemm"] == 384 and {"intra", "inter"} <= set(after["models"]["allreduce"])
+    runs = data["provenance"]["runs"]
+    assert [r["after_gemm"] for r in runs] == [0, 384] and runs[1]["launches"] >= 2
     assert data["link_classes"]["inter"]["nodes"] == 2 and data["link_classes"]["intra"]["nodes"] == 1
     # 4. the job ended with its report
     assert (cal_path.parent / f"{cal_path.stem}-report" / "report.html").is_file(), log
@@ -558,7 +563,7 @@ def cai_calibration(cluster) -> Path:
     out = cluster.work / "cai"
     env = {"COMMCAL_PRESET": "quick", "COMMCAL_LINKS": "intra,inter", "COMMCAL_OPS": "bcast,reduce,allreduce,"
            "allgather,reduce_scatter,gemm", "COMMCAL_SIZES": "4K,32K,256K,1M,2M", "COMMCAL_OUT_DIR": str(out),
-           "COMMCAL_RUN_NAME": "run", "COMMCAL_REPORT": "0"}
+           "COMMCAL_RUN_NAME": "run", "COMMCAL_REPORT": "0", "COMMCAL_AFTER_GEMM": "0"}
     job = cluster.sbatch("-o", "cai-sweep-%j.out", str(SWEEP), env=env)
     ok, text = cluster.wait(job, 420)
     assert ok, f"{text}\n{(cluster.work / f'cai-sweep-{job}.out').read_text()}\n{cluster.logs()}"

@@ -78,7 +78,7 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
     env = {"COMMCAL_PRESET": "quick", "COMMCAL_OPS": "pingpong", "COMMCAL_LINKS": "inter,inter2",
            "COMMCAL_SIZES": PINGPONG_SIZES, "COMMCAL_OUT_DIR": str(out), "COMMCAL_RUN_NAME": "pingpong",
            "COMMCAL_CALIBRATION": str(out / "pingpong.json"), "COMMCAL_REPORT": "0",
-           "COMMCAL_SWEEP_ARGS": "--retries 2"}
+           "COMMCAL_SWEEP_ARGS": "--retries 2", "COMMCAL_AFTER_GEMM": "0"}
     t0 = time.monotonic()
     job = racks.sbatch("-N4", "--ntasks-per-node=1", "-o", "pp-%j.out", str(SWEEP), env=env)
     ok, text = racks.wait(job, 420)
