@@ -195,8 +195,8 @@ class Calibration:
     def path_advice(self) -> tuple[str, ...]:
         """One line per way this calibration was made that is known to rank strategies worse than the default path
         (docs/methodology.md, "The default path"): a quick preset, sweeps that measured between nodes in one MPI
-        launch only, or no after-compute models; models whose points moved between launches (a validate's launch may meet either speed); and
-        models priced at the fast one of several speeds.
+        launch only, or no after-compute models; models whose points moved between launches (a validate's launch
+        may meet either speed); and models priced at the fast one of several speeds.
         Empty where the provenance does not say (older files, imports, specs)."""
         runs = self.result.provenance.get("runs", [])
         lines = []
