@@ -33,7 +33,7 @@
 #   COMMCAL_LAUNCHES    MPI launches the rounds are split over (default 2): an MPI library may pick another
 #                       mode (protocol, placement) in each launch, and the fit sees and records how far points
 #                       move between launches only when they were measured in more than one; 1: one launch
-#   COMMCAL_AFTER_GEMM  N: sweep the collectives a second time with an N x N GEMM before each call (run
+#   COMMCAL_AFTER_GEMM  N: sweep a second time with an N x N GEMM before each call (run
 #                       directory RUN-after-gemmN) and fit it as the after-compute models, which price the
 #                       collectives that follow a computation in a training step (default 384); 0: one sweep,
 #                       in about half the time, and validate prices those collectives as back-to-back calls
