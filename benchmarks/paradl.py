@@ -11,6 +11,10 @@ balanced by time, GPipe, 4 micro-batches: `search`'s) runs on mesh 4 too, on the
 
     python -m benchmarks.paradl --launch "mpirun -n 4 --oversubscribe --bind-to none" --out /tmp/paradl
 
+and on 2 nodes of 2 ranks (mesh 4 then spans the nodes, mesh 2x2 puts its first axis between them):
+
+    python -m benchmarks.paradl --launch "slurm/cluster.sh mpirun -n 4 --host node1:2,node2:2" --out /tmp/paradl
+
 --calibration CAL skips the sweep and the fit, --profile FILE the profiling, --no-profile prices compute by the rates
 alone; --model SPEC (repeatable) picks the networks (default vgg-small and resnet-small); --repeat 2 validates
 everything twice in turn and prints the accuracy one run's measurements reach as the prediction of the other's;
