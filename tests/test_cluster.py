@@ -347,7 +347,7 @@ def test_sbatch_validate_sh_quick_prices_2x2_strategies_as_well_as_a_second_vali
     assert not any(line.endswith("MISSED") for line in lines), "\n".join(lines)
 
 
-@pytest.mark.xfail(reason="issue 29/31: met every target in 8 of 9 runs of 2026-11-27 once the default path swept the "
+@pytest.mark.xfail(reason="issue 29/31: met every target in 10 of 11 runs of 2026-11-27 once the default path swept the "
                           "after-compute models (in 0 of 6 before; docs/results.md, \"The inter-node control: after-compute "
                           "models on the default path\"); the one miss (tau 0.833): its sweeps drew the slow TCP speed "
                           "of the all-reduce between the nodes at 1-3 MiB (1 MiB 31.7 ms, 22 ms in the other runs), "
