@@ -82,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after-gemm", type=int, default=0, metavar="N",
                    help="before each timed collective, every rank measured at once runs an N x N float32 GEMM "
                         "between two barriers, as collectives follow compute in a training step (default 0: "
-                        "back to back; gemm and copy points are unaffected; opt-in; see docs/results.md for what it "
-                        "did to validate's ranking)")
+                        "back to back; gemm and copy are left out, measured by the sweep without it; opt-in; see "
+                        "docs/results.md for what it did to validate's ranking)")
     p.add_argument("--in-place", action="store_true",
                    help="nccl backend: measure allreduce, allgather and reduce_scatter in place")
     p.add_argument("--expect-world", type=int, help="fail unless the MPI world has this many ranks")
@@ -115,7 +115,7 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
     rounds = pick("rounds")
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
-    ops, cache = reference_ops(args)
+    ops, cache = measured_ops(args)
     return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes"))),
                        procs=tuple(parse_procs(args.procs, world_size)),
                        links=tuple(parse_links(args.links, topology.height)), topology=topology,
@@ -125,13 +125,21 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes"))))
 
 
-def reference_ops(args: argparse.Namespace) -> tuple[tuple, str]:
-    """(operations, buffer cache mode) for --method: a reference mode times communication only, back to back on
-    warm buffers, so its default operations are the peers' (no gemm or copy) and it refuses the conditions that
-    would make it commcal's method again."""
+def measured_ops(args: argparse.Namespace) -> tuple[tuple, str]:
+    """(operations, buffer cache mode) for --method and --after-gemm. A reference mode times communication only,
+    back to back on warm buffers, so its default operations are the peers' (no gemm or copy) and it refuses the
+    conditions that would make it commcal's method again. With --after-gemm the local operations are left out: a
+    GEMM before them changes none of the after-compute models, and the main sweep measures them."""
     method = method_for(args.method, [op.name for op in parse_ops(args.ops)] if args.ops else ())
     if not method.reference:
-        return tuple(parse_ops(args.ops)), args.cache or "cold"
+        ops = tuple(parse_ops(args.ops))
+        if not args.after_gemm:
+            return ops, args.cache or "cold"
+        comm = tuple(op for op in ops if op.name not in LOCAL_OPS)
+        if not comm:
+            raise UsageError(f"--after-gemm times collectives after a GEMM and --ops names none "
+                             f"({', '.join(op.name for op in ops)}: measure them in a sweep without --after-gemm)")
+        return comm, args.cache or "cold"
     if args.cache == "cold" or args.gap_ms or args.after_gemm or args.concurrent or args.in_place:
         raise UsageError(f"--method {method.name} times the peer's way, back to back on warm buffers: drop --cache "
                          f"cold, --gap-ms, --after-gemm, --concurrent and --in-place")
@@ -269,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
         meta["topology"] = topology.to_json()
         meta["mpi_thread_level"] = record(threads)
         run_id, launch = meta["run_id"], len(meta["resumed_at"])
+        left_out = [op.name for op in parse_ops(args.ops) if op not in cfg.ops] if cfg.after_gemm else []
         store.start(meta)
         finished = sum(done.get(pt.key.point_id, 0) >= cfg.rounds for pt in points)
         partly = sum(0 < done.get(pt.key.point_id, 0) < cfg.rounds for pt in points)
@@ -276,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
               f"{world.size} ranks on {len(set(hosts))} node(s), timing: {timing_note}, pages: {page_policy}, "
               f"{cfg.cache} buffers, method {cfg.method}, MPI thread level {meta['mpi_thread_level']['provided']}"
               + (f", {conditions['gap_ms']:g} ms gap before each call" if cfg.gap_ms else "")
-              + (f", a {cfg.after_gemm}x{cfg.after_gemm} GEMM before each call" if cfg.after_gemm else ""),
+              + (f", a {cfg.after_gemm}x{cfg.after_gemm} GEMM before each collective" if cfg.after_gemm else "")
+              + (f" ({', '.join(left_out)} left out: measured by a sweep without --after-gemm)" if left_out else ""),
               flush=True)
         if warning := memcopy.advice(slowdown):
             print(f"warning: {warning}", flush=True)

@@ -257,6 +257,16 @@ def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
         assert load_calibration(cal).page_policy == want[3]
 
 
+def test_after_gemm_leaves_out_the_local_operations_the_main_sweep_measures(tmp_path):
+    """A GEMM before a gemm or copy point changes nothing the after-compute models use: the sweep says it leaves
+    them out and measures only the communication."""
+    out = tmp_path / "after"
+    proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong,gemm,copy", "--sizes", "8,64",
+                       "--gemm-sizes", "4K", "--after-gemm", "16", *FAST], check=True)
+    assert "(gemm, copy left out: measured by a sweep without --after-gemm)" in proc.stdout, proc.stdout
+    assert set(load_summary(out)["op"]) == {"pingpong"}
+
+
 def _visits(out) -> dict[str, tuple[int, int, int]]:
     """Each point on disk: (its record's mtime, visits pooled, samples)."""
     found = {}
@@ -387,6 +397,7 @@ def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
     (["--retries", "-1"], "--retries"),
     (["--gap-ms", "-1"], "--gap-ms must be between 0 and 1000"),
     (["--after-gemm", "-4"], "--after-gemm must be between 0 and 8192"),
+    (["--ops", "gemm,copy", "--after-gemm", "32"], "--after-gemm times collectives after a GEMM and --ops names none"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "r"), *args])
