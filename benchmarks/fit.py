@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.fit", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", help="run directories to fit (default: a synthetic run)")
     ap.add_argument("--samples", type=int, default=10_000_000, help="samples in the synthetic run")
-    ap.add_argument("--method", choices=("wls", "huber"), default="wls")
+    ap.add_argument("--method", choices=("huber", "wls"), default="huber")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="commcal-bench-") as tmp:
         runs = args.runs

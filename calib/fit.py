@@ -24,7 +24,7 @@ from microbench.ops import LOCAL_OPS
 
 @dataclass(frozen=True)
 class FitOptions:
-    method: str = "wls"                # "wls" (weights 1/t^2) or "huber" (robust RLM, slower)
+    method: str = "huber"              # "huber" (robust RLM) or "wls" (weights 1/t^2)
     folds: int = 5
     max_segments: int = 5
     min_sizes: tuple[int, ...] = (4, 3)
@@ -58,18 +58,21 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
     segment needs, a one-size cliff) inflates BIC's residual variance for every segmentation alike, and it stops
     splitting."""
     def scored(count, least):
-        return (kfold_over_sizes(alg, pts, opts.method, opts.max_segments, least, opts.folds, count),
-                fit_piecewise(alg, pts, opts.method, opts.max_segments, least, count), least)
+        return kfold_over_sizes(alg, pts, opts.method, opts.max_segments, least, opts.folds, count), count, least
+
+    def chosen(score):
+        held, count, least = score
+        return held, fit_piecewise(alg, pts, opts.method, opts.max_segments, least, count), least
 
     bic = min((scored(None, least) for least in opts.min_sizes), key=lambda s: s[0].key())
     share, least_gain = OVERRIDE
     if bic[0].median is None or bic[0].median <= least_gain:
-        return bic
+        return chosen(bic)
     fixed = [scored(count, least) for count in range(1, opts.max_segments + 1) for least in opts.min_sizes
              if 1 < count <= pts.n_sizes // least] + [scored(1, opts.min_sizes[0])]
     other = min(fixed, key=lambda s: s[0].key())
     gain = bic[0].median - (np.inf if other[0].median is None else other[0].median)
-    return other if gain > max(share * bic[0].median, least_gain) else bic
+    return chosen(other if gain > max(share * bic[0].median, least_gain) else bic)
 
 
 def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:

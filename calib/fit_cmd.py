@@ -17,8 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by `commcal sweep` or "
                                                               "`commcal import`")
     p.add_argument("--out", required=True, help="calibration JSON to write")
-    p.add_argument("--method", choices=("wls", "huber"), default="wls",
-                   help="wls: weighted least squares for relative error (default); huber: robust RLM, resists bad points")
+    p.add_argument("--method", choices=("huber", "wls"), default="huber",
+                   help="huber: robust regression for relative error, a point at another speed than its neighbours "
+                        "moves the line little (default); wls: weighted least squares, every point weighs alike")
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out check over sizes (default 5)")
     p.add_argument("--max-segments", type=int, default=5,
                    help="most size segments (protocol or algorithm switches) per model (default 5)")

@@ -54,7 +54,7 @@ def kfold_over_sizes(alg: Algorithm, pts: Points, method: str, max_segments: int
         train = pts.take(~test)
         if len(train.seconds) < 3:
             continue
-        fit = fit_piecewise(alg, train, method, max_segments, min_sizes, count)
+        fit = fit_piecewise(alg, train, method, max_segments, min_sizes, count, statistics=False)
         pred = fit.predict(pts.procs[test], pts.nbytes[test])
         err[test] = np.abs(pred - pts.seconds[test]) / pts.seconds[test]
     ok = np.isfinite(err)

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run directories of `commcal sweep` or `commcal import` measured on the machine: each "
                         "(operation, link class), GEMM dtype and copy they measure is priced by their fit, the rest "
                         "by the spec")
-    p.add_argument("--method", choices=("wls", "huber"), default="wls", help="--refine's fit method (as fit's)")
+    p.add_argument("--method", choices=("huber", "wls"), default="huber", help="--refine's fit method (as fit's)")
     p.add_argument("--folds", type=int, default=5, help="--refine's held-out folds (as fit's, default 5)")
     p.add_argument("--max-segments", type=int, default=5, help="--refine's most segments per model (default 5)")
     p.add_argument("--mix-methods", action="store_true", help="--refine runs of different timing methods together")
