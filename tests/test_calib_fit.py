@@ -232,6 +232,22 @@ def test_a_fast_minority_in_the_latency_regime_or_of_a_local_operation_is_not_pr
     assert list(priced["slow_ratio"] > 1) == [False, False, True, True, False]
 
 
+def test_a_quarter_of_calls_in_a_token_buckets_burst_is_not_the_price():
+    """A point whose calls split into two speeds each held by a quarter of them is priced at the faster only where
+    that speed moves its bytes no faster than the largest size does: inside a token bucket's burst a quarter of the
+    calls can find the bucket full (an all-gather's 46344 B at 0.070 ms against a median of 0.47 ms, 400mbit)."""
+    from calib.points import sustained_minorities
+    rows = [("allgather", 46344, 70e-6, 0.47e-3 / 70e-6),    # a burst: 660 MB/s; priced at its slower speed
+            ("allgather", 1 << 20, 21e-3, 1.45),             # the rendezvous overlapped: the wire's 50 MB/s, kept
+            ("allgather", 4 << 20, 84e-3, 1.0)]              # the largest size
+    points = pd.DataFrame([{"backend": "mpi", "op": op, "link": "inter", "procs": 2, "groups": 1, "size_bytes": n,
+                            "seconds": t, "slow_ratio": r, "minority_s": np.nan, "minority_ratio": np.nan}
+                           for op, n, t, r in rows])
+    priced = sustained_minorities(points)
+    assert list(priced["seconds"]) == pytest.approx([0.47e-3, 21e-3, 84e-3])
+    assert list(priced["slow_ratio"]) == pytest.approx([1.0, 1.45, 1.0])
+
+
 def test_hockney_table_per_process_count_matches_the_model(fitted):
     rows = [r for r in fitted["hockney"] if r["op"] == "allreduce" and r["link"] == "inter"]
     assert sorted(r["procs"] for r in rows) == [2, 4, 8]
