@@ -128,7 +128,7 @@ BANDWIDTH_BOUND = 0.5
 (calib.points.sustained_minorities)."""
 
 
-def sustained_minorities(points: pd.DataFrame) -> pd.DataFrame:
+def sustained_minorities(points: pd.DataFrame, after_idle: bool = False) -> pd.DataFrame:
     """`points` with each fast minority speed (`minority_s`) that moves its bytes no faster than the largest size of
     its operation, link and process count does priced (`seconds`, `slow_ratio`), the minority columns dropped. A
     minority at the largest size is sustained by definition (a burst is small beside it): an exchange's rendezvous
@@ -149,9 +149,10 @@ def sustained_minorities(points: pd.DataFrame) -> pd.DataFrame:
             & (wire >= BANDWIDTH_BOUND * points["seconds"]))
     points.loc[take, "seconds"] = minority[take]
     points.loc[take, "slow_ratio"] = ratio[take]
-    # the quarter rule's faster speed (slow_ratio > 1) faces the same test: faster than the largest size, it is a burst
-    # that found the bucket full in a quarter of the calls, and the point is priced at its slower speed
-    burst = ((points["slow_ratio"] > 1) & ~take & ~points["op"].isin(LOCAL_OPS)
+    # back to back (not after_idle: sweep --after-gemm or --gap-ms), the quarter rule's faster speed (slow_ratio > 1)
+    # faces the same rate test: faster than the largest size, it is a burst that found the bucket full in a quarter of
+    # the calls, and the point is priced at its slower speed; after idle time a burst is what a call meets
+    burst = ((points["slow_ratio"] > 1) & ~take & ~points["op"].isin(LOCAL_OPS) & (not after_idle)
              & (points["size_bytes"] / points["seconds"] > sustained * (1 + SPEED_GAP)))
     points.loc[burst, "seconds"] = points.loc[burst, "seconds"] * points.loc[burst, "slow_ratio"]
     points.loc[burst, "slow_ratio"] = 1.0
@@ -268,7 +269,7 @@ def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool
     if len(methods) > 1 and not mix_methods:
         raise UsageError(f"runs mix timing methods {' and '.join(methods)} (imported peer logs time otherwise than "
                          f"a sweep); fit them separately or pass --mix-methods")
-    points = sustained_minorities(pd.concat(frames, ignore_index=True))
+    points = sustained_minorities(pd.concat(frames, ignore_index=True), after_idle=gemms[0] > 0 or gaps[0] > 0)
     backends = sorted(points["backend"].unique())
     if backend is None and len(backends) > 1:
         raise UsageError(f"runs mix backends {', '.join(backends)}; fit one at a time with --backend")

@@ -246,6 +246,9 @@ def test_a_quarter_of_calls_in_a_token_buckets_burst_is_not_the_price():
     priced = sustained_minorities(points)
     assert list(priced["seconds"]) == pytest.approx([0.47e-3, 21e-3, 84e-3])
     assert list(priced["slow_ratio"]) == pytest.approx([1.0, 1.45, 1.0])
+    # after idle time (sweep --after-gemm, --gap-ms) the bucket is full when a call starts: the burst is the price
+    after = sustained_minorities(points, after_idle=True)
+    assert list(after["seconds"]) == pytest.approx([70e-6, 21e-3, 84e-3])
 
 
 def test_hockney_table_per_process_count_matches_the_model(fitted):
