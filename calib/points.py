@@ -135,7 +135,9 @@ def sustained_minorities(points: pd.DataFrame, after_idle: bool = False) -> pd.D
     overlapping in some calls and not in others. One faster than that is a burst: a token bucket's full bucket after
     an idle moment, which back-to-back traffic cannot keep up; its point keeps the quarter rule's price. So is a
     minority where the bytes at that rate take less than BANDWIDTH_BOUND of the point's time: in the latency regime
-    a fast minority is a scheduling accident, not a transfer overlapping or not."""
+    a fast minority is a scheduling accident, not a transfer overlapping or not. Back to back (not after_idle), a point
+    priced by the quarter rule at a speed faster than the largest size's is a burst too, priced at its slower speed;
+    after idle time (sweep --after-gemm, --gap-ms) the bucket is full when a call starts and the burst is its price."""
     points = points.copy()
     minority = pd.to_numeric(points.pop("minority_s"), errors="coerce")
     ratio = pd.to_numeric(points.pop("minority_ratio"), errors="coerce")
