@@ -115,12 +115,23 @@ class Mesh:
         return max(int(level.max()), 1)
 
 
+MAX_AXES = 5
+"""The most axes a mesh may have: each axis multiplies a layer's strategies (their SBP placements per axis) and with
+them the time to search or price it."""
+MAX_DEVICES = 1 << 20
+"""The most devices a mesh may have (its rank groups are held in memory)."""
+
+
 def parse_mesh(text: str, ranks_per_node: int | None = None, devices: int | None = None) -> Mesh:
     """"2x4" -> Mesh((2, 4)); ranks per node defaults to the last axis's size; `devices`, when given, must
     equal the mesh's device count."""
     if not re.fullmatch(r"\d+(x\d+)*", text.strip()):
         raise UsageError(f"bad mesh {text!r}; write axis sizes like 2x4 or 2x2x2")
     shape = tuple(int(t) for t in text.strip().split("x"))
+    if len(shape) > MAX_AXES:
+        raise UsageError(f"mesh {text} has {len(shape)} axes; commcal searches meshes of up to {MAX_AXES}")
+    if any(n > MAX_DEVICES for n in shape) or math.prod(shape) > MAX_DEVICES:
+        raise UsageError(f"mesh {text} has more than {MAX_DEVICES} devices")
     if devices is not None and math.prod(shape) != devices:
         raise UsageError(f"mesh {text} has {math.prod(shape)} devices, not the {devices} devices asked for")
     return Mesh(shape, ranks_per_node or shape[-1])

@@ -148,7 +148,7 @@ def parse_schedule(text: str, v: int = 1) -> Schedule:
     """'gpipe', '1f1b', 'interleaved' (with v), or 'interleaved/vN'."""
     name, _, rest = text.strip().lower().partition("/v")
     if rest:
-        if not rest.isdigit():
+        if not rest.isdecimal():
             raise UsageError(f"bad schedule {text!r}; write e.g. 1f1b or interleaved/v2")
         v = int(rest)
     return Schedule(name, v if name == "interleaved" else 1)

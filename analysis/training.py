@@ -156,7 +156,7 @@ def parse_config(text: str) -> Config:
                 raise UsageError(f"config {text!r}: {key} takes 0/1 (or on/off), not {val!r}")
             given[key] = val in ("1", "on", "true")
         elif kind is int:
-            if not val.isdigit() or int(val) < (0 if key == "zero" else 1):
+            if not val.isdecimal() or int(val) < (0 if key == "zero" else 1):
                 raise UsageError(f"config {text!r}: {key}={val!r} is not a positive integer")
             given[key] = int(val)
         else:

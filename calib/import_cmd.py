@@ -8,7 +8,7 @@ import sys
 
 from calib.peers import read_log
 from calib.peers.model import Job
-from calib.peers.rundir import parse_hosts, write_run
+from calib.peers.rundir import MAX_RANKS, parse_hosts, write_run
 from microbench.errors import UsageError
 from microbench.links import LINK_CLASSES
 
@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     hosts = parse_hosts(args.hosts) if args.hosts else ()
-    if args.procs is not None and (args.procs < 1 or (hosts and args.procs != len(hosts))):
-        raise UsageError(f"--procs {args.procs} must be >= 1" + (f" and match the {len(hosts)} slots of --hosts"
+    if args.procs is not None and (not 1 <= args.procs <= MAX_RANKS or (hosts and args.procs != len(hosts))):
+        raise UsageError(f"--procs {args.procs} must be 1 to {MAX_RANKS}" + (f" and match the {len(hosts)} slots of --hosts"
                                                                 if hosts else ""))
     job = Job(world=args.procs or len(hosts) or None, in_place=args.in_place)
     logs = [read_log(path, job) for path in args.logs]

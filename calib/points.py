@@ -14,7 +14,7 @@ import pandas as pd
 from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
-from microbench.ops import LOCAL_OPS, OPS
+from microbench.ops import LOCAL_OPS, OPS, known_dtype
 from microbench.provenance import STEAL_WARN
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
@@ -90,7 +90,7 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
         return []
     return [f"{run_dir}: the hypervisor took {f:.0%} of {host}'s CPU time while it was measured (cpu_steal); its "
             f"times, intra-node ones most, are inflated: sweep again when the machine is quieter"
-            for host, f in steal.items() if isinstance(f, (int, float)) and f > STEAL_WARN]
+            for host, f in steal.items() if isinstance(f, (int, float)) and STEAL_WARN < f <= 1]
 
 
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
@@ -166,16 +166,19 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     samples (their ids in `sampled`, all in SECONDS); one line per reason others were left out."""
     pts = records.as_numbers(pts, _NUMBERS)
     counts = pd.concat([records.whole(pts[c], 1) for c in _COUNTS], axis=1).all(axis=1)
-    sizes = records.positive(pts["requested_bytes"]) & records.positive(pts["size_bytes"])
+    counts &= pd.concat([pts[c] <= records.MAX_COUNT for c in _COUNTS], axis=1).all(axis=1)
+    sizes = records.byte_sizes(pts["requested_bytes"]) & records.byte_sizes(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),
         ("not a link class", pts["link"].map(is_link)),
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
+        ("a dtype of unknown size", pts["dtype"].map(known_dtype)),
         ("a process, node or group count that is not a whole number >= 1", counts),
-        ("a size that is not a positive number", sizes),
+        (f"a size that is not a positive number of bytes up to {records.MAX_BYTES:g}", sizes),
         ("no flop or wrong-element count", (pts["flops"] >= 0) & (pts["wrong"] >= 0)),
         ("wrong results", pts["wrong"] == 0),
-        (f"without samples of {SECONDS[0]:g} to {SECONDS[1]:g} s", pts["point_id"].isin(sampled))], run_dir)
+        (f"without samples of {SECONDS[0]:g} to {SECONDS[1]:g} s in a numbered visit", pts["point_id"].isin(sampled))],
+        run_dir)
     return pts.astype({c: "int64" for c in (*_COUNTS, "requested_bytes", "size_bytes", "wrong")}), notes
 
 
@@ -194,9 +197,11 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]
     if samples.empty:
         raise UsageError(f"{run_dir}: run holds no samples")
     times = pd.to_numeric(samples["time_s"], errors="coerce")
-    good = times.between(*SECONDS).to_numpy()
+    rounds = pd.to_numeric(samples["round"], errors="coerce")
+    visit = records.whole(rounds, 0) & (rounds < 2 ** 31)   # a visit number a sweep can write
+    good = (times.between(*SECONDS) & visit).to_numpy()
     ids = samples["point_id"].astype("category")
-    columns = [ids.cat.codes.to_numpy(), samples["round"].to_numpy(), times.to_numpy()]
+    columns = [ids.cat.codes.to_numpy(), rounds.where(visit, 0).to_numpy().astype(np.int64), times.to_numpy()]
     del samples, times
     if not good.all():
         columns = [c[good] for c in columns]

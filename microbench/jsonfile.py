@@ -1,5 +1,6 @@
 """Read a JSON file a user hands us: a missing or unreadable file, or text that is not JSON (NaN and Infinity
-included, which no writer of ours produces), is one UsageError line naming the file and what it should be."""
+included where the file's writer never writes them; integers beyond a float's range; bytes that are not UTF-8; nesting too
+deep to parse), is one UsageError line naming the file and what it should be."""
 
 from __future__ import annotations
 
@@ -13,15 +14,28 @@ def _reject_constant(name: str):
     raise ValueError(f"non-finite number {name}")
 
 
-def read_json(path, what: str, shown=None):
+def _bounded_int(text: str) -> int:
+    """A JSON integer as Python reads it, unless more digits than a float's range (1e308) holds."""
+    if len(text.lstrip("-")) > 308:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+def read_json(path, what: str, shown=None, finite: bool = True):
     """The parsed JSON of `path`, a file holding a `what` (e.g. "calibration"); `shown`: the name errors give it
-    (default the path)."""
+    (default the path); finite=False reads NaN and Infinity too (a run's records hold NaN where a statistic has no
+    value)."""
     p, shown = Path(path), path if shown is None else shown
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as exc:
         raise UsageError(f"{shown}: cannot read {what} ({exc.strerror or exc})") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_int=_bounded_int,
+                          **({"parse_constant": _reject_constant} if finite else {}))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{shown}: not a {what}: not UTF-8 text (byte {exc.start})") from None
     except ValueError as exc:
         raise UsageError(f"{shown}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{shown}: not a {what}: JSON nested too deeply to read") from None

@@ -19,7 +19,6 @@ bytes_per_rank = size_bytes * bus_factor(op, p) is what an optimal algorithm sen
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
+from microbench.jsonfile import read_json
 
 RUN_SCHEMA = "commcal.run"
 RUN_SCHEMA_VERSION = 1
@@ -109,6 +109,10 @@ SUMMARY_COLUMNS = tuple(PointSummary.__dataclass_fields__)
 ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1, "rounds": 1, "round_spread": 0.0, "launches": 1,
                  "launch_spread": 0.0}
 """Summary columns added after the first runs were written, with the value those runs meant."""
+MAX_COUNT = 2 ** 62
+"""The largest count (ranks, groups, rounds) a reader takes from a file; beyond it no int64 holds the arithmetic."""
+MAX_BYTES = 2 ** 53
+"""The largest message or operand size in bytes a reader takes from a file (8 PiB; above it floats lose whole bytes)."""
 SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round", "launch")
 """samples: time_s is one timed iteration, the max over the participating ranks; round is the visit (0-based)
 it was taken in, launch the MPI launch (0: the run's first, k: its k-th resumption). Runs written before either
@@ -156,10 +160,7 @@ def read_meta(path: Path, schema: str, version: int, what: str) -> dict:
     the directory a missing file means this is not."""
     if not path.is_file():
         raise UsageError(f"{path.parent}: not {what} (no {path.name})")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: unreadable {path.name} ({exc})") from None
+    meta = read_json(path, path.name, finite=False)
     if not isinstance(meta, dict):
         raise UsageError(f"{path}: {path.name} must hold a JSON object, not {type(meta).__name__}")
     if meta.get("schema") != schema or meta.get("version") != version:
@@ -188,10 +189,7 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
         return _complete(summary)
     rows = []
     for f in sorted((run_dir / "points").glob("*.json")):
-        try:
-            rows.append(json.loads(f.read_text()))
-        except ValueError:
-            raise UsageError(f"{f}: corrupt point record") from None
+        rows.append(read_json(f, "point record", finite=False))
         if not isinstance(rows[-1], dict):
             raise UsageError(f"{f}: corrupt point record (not a JSON object)")
     if not rows:
@@ -202,8 +200,13 @@ def load_summary(run_dir: str | Path) -> pd.DataFrame:
 def _complete(summary: pd.DataFrame) -> pd.DataFrame:
     """Fill the ADDED_COLUMNS an older run lacks (or holds no number in)."""
     for col, value in ADDED_COLUMNS.items():
-        summary[col] = pd.to_numeric(summary[col], errors="coerce").fillna(value) if col in summary else value
-        summary[col] = summary[col].astype(type(value))
+        if col not in summary:
+            summary[col] = value
+            continue
+        numbers = pd.to_numeric(summary[col], errors="coerce")
+        if isinstance(value, int):   # a count no integer holds (inf, 1e300): -1, which the readers' screens leave out
+            numbers = numbers.where(numbers.isna() | numbers.abs().le(MAX_COUNT), -1)
+        summary[col] = numbers.fillna(value).astype(type(value))
     return summary
 
 
@@ -219,6 +222,11 @@ def as_numbers(summary: pd.DataFrame, columns) -> pd.DataFrame:
 def whole(values: pd.Series, least: int) -> pd.Series:
     """Which values are whole numbers >= least (NaN and infinity are not)."""
     return (values >= least) & (values % 1 == 0)
+
+
+def byte_sizes(values: pd.Series) -> pd.Series:
+    """Which values are sizes in bytes a reader can hold: above 0 and at most MAX_BYTES."""
+    return (values > 0) & (values <= MAX_BYTES)
 
 
 def positive(values: pd.Series) -> pd.Series:

@@ -3,7 +3,6 @@ disk, atomically, before the next starts; a resumed run skips what is there and 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pyarrow.parquet as pq
 
 from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
+from microbench.jsonfile import read_json
 from microbench.records import ADDED_SAMPLE_COLUMNS, SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointSummary, read_run_json
 
 CONSOLIDATED = ("summary.parquet", "summary.csv", "samples.parquet")
@@ -30,7 +30,10 @@ class RunStore:
         has_run = (self.out / "run.json").is_file()
         if has_run and not resume:
             raise UsageError(f"{self.out} already holds a run; pass --resume to finish it or choose another --out")
-        self.points.mkdir(parents=True, exist_ok=True)
+        try:
+            self.points.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {self.out}: cannot create the run directory ({exc.strerror or exc})") from None
         return read_run_json(self.out) if has_run else None
 
     def done_ids(self) -> set[str]:
@@ -39,7 +42,7 @@ class RunStore:
     def visits_done(self) -> dict[str, int]:
         """Each point on disk and the visits (rounds) pooled into it; points written before rounds count as
         finished."""
-        return {f.stem: int(json.loads(f.read_text()).get("rounds", 1 << 30)) for f in self.points.glob("*.json")}
+        return {f.stem: _rounds(read_json(f, "point record", finite=False), f) for f in self.points.glob("*.json")}
 
     def has_point(self, point_id: str) -> bool:
         return (self.points / f"{point_id}.json").is_file()
@@ -47,7 +50,7 @@ class RunStore:
     def read_point(self, point_id: str) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
         """A point's samples, the round of each, its wrong-element count and the launch of each sample, to pool a
         resumed visit with (points written before rounds or launches: 0)."""
-        record = json.loads((self.points / f"{point_id}.json").read_text())
+        record = read_json(self.points / f"{point_id}.json", "point record", finite=False)
         table = pq.read_table(self.points / f"{point_id}.parquet")
         zeros = np.zeros(table.num_rows, dtype=np.int64)
         rounds, launches = (table.column(c).to_numpy() if c in table.column_names else zeros
@@ -79,7 +82,7 @@ class RunStore:
     def consolidate(self) -> pd.DataFrame:
         """summary.parquet, summary.csv and samples.parquet from every finished point."""
         ids = sorted(self.done_ids())
-        rows = [json.loads((self.points / f"{pid}.json").read_text()) for pid in ids]
+        rows = [read_json(self.points / f"{pid}.json", "point record", finite=False) for pid in ids]
         summary = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
         atomic_write(self.out / "summary.parquet", lambda tmp: summary.to_parquet(tmp, index=False))
         atomic_write(self.out / "summary.csv", lambda tmp: summary.to_csv(tmp, index=False))
@@ -97,3 +100,16 @@ class RunStore:
 
         atomic_write(self.out / "samples.parquet", write_samples)
         return summary
+
+
+def _rounds(record, path: Path) -> int:
+    """The visits a point record says it pools (a record written before rounds: finished); one line if it is not a
+    record."""
+    if not isinstance(record, dict):
+        raise UsageError(f"{path}: not a point record (a JSON object); remove it to measure the point again")
+    rounds = record.get("rounds", 1 << 30)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise UsageError(f"{path}: point record's rounds is {rounds!r}, not a visit count; remove the file to measure "
+                         f"the point again")
+    return rounds
+

@@ -158,7 +158,7 @@ def launcher_task_count() -> int | None:
     if "PRTE_LAUNCHED" in os.environ or "HYDI_CONTROL_FD" in os.environ:
         return None
     for var in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
-        if os.environ.get(var, "").isdigit():
+        if os.environ.get(var, "").isdecimal():
             return int(os.environ[var])
     return None
 

@@ -91,7 +91,7 @@ def expand_hostlist(text: str) -> list[str]:
         head, tail = item[:m.start()], item[m.end():]
         for part in m.group(1).split(","):
             lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
+            if not lo.isdecimal() or (hi and not hi.isdecimal()):
                 raise UsageError(f"bad host range {part!r} in {text!r}")
             hi = hi or lo
             if int(hi) < int(lo):

@@ -45,7 +45,7 @@ def launcher_rank() -> int:
     """This process's rank as the launcher told it (0 outside MPI); read from the environment so that
     usage errors print once without initialising MPI."""
     for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
+        if os.environ.get(var, "").isdecimal():
             return int(os.environ[var])
     return 0
 

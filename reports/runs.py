@@ -11,7 +11,8 @@ import pandas as pd
 from microbench.errors import UsageError
 from microbench.ops import OPS, known_dtype
 from microbench.links import is_link
-from microbench.records import as_numbers, load_summary, points_note, positive, read_run_json, screen, whole
+from microbench.records import (MAX_BYTES, as_numbers, byte_sizes, load_summary, points_note, positive, read_run_json,
+                               screen, whole)
 
 NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
 CI = ("ci_low_s", "ci_high_s")
@@ -65,7 +66,7 @@ def drawable(frame: pd.DataFrame, where) -> tuple[pd.DataFrame, list[str]]:
         ("no backend or dtype", named),
         ("a dtype of unknown size", (frame["op"] != "gemm") | frame["dtype"].map(known_dtype)),
         ("a process count that is not a whole number >= 1", whole(frame["procs"], 1)),
-        ("a size that is not a positive number", positive(frame["size_bytes"])),
+        (f"a size that is not a positive number of bytes up to {MAX_BYTES:g}", byte_sizes(frame["size_bytes"])),
         ("a median that is not a positive number of seconds", positive(frame["median_s"])),
         (f"a median outside the times a figure draws ({DRAWN_S[0]:g} to {DRAWN_S[1]:g} s)",
          frame["median_s"].between(*DRAWN_S))], where)

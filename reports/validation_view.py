@@ -22,7 +22,6 @@ A validation directory DIR holds (summary.json or the strategies table may be ab
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UsageError
+from microbench.jsonfile import read_json
 from microbench.stats import SPEED_GAP
 from reports import provenance
 from reports.document import Note, Section, Table, Text
@@ -173,10 +173,7 @@ def _step_ratios(obj, where: str) -> tuple[StepRatio, ...]:
 
 
 def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: unreadable {what} ({exc})") from None
+    data = read_json(path, what, finite=False)
     if not isinstance(data, dict):
         raise UsageError(f"{path}: {what} must be a JSON object")
     return data

@@ -157,6 +157,19 @@ def test_nccl_tests_text_and_json(capsys, tmp_path):
     ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n8   abc\n", ["--link", "intra"], ":3:",
      "'abc' is not a number"),
     ('{"version": 3, "args": ["all_reduce_perf"], "results": [', [], ":1:", "truncated or corrupt nccl-tests JSON"),
+    ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n8   0.00\n", ["--link", "intra"], ":3:",
+     "'0.00' is not a finite number > 0"),
+    ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n" + "9" * 30 + "   0.32\n", ["--link", "intra"],
+     ":3:", "is too large"),
+    ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n\u00b2   0.32\n", ["--link", "intra"], ":3:",
+     "is not a whole number"),
+    ('{"version": 3, "args": ["all_reduce_perf"], "config": {"devices": "gpu0"}, "results": []}', [], ":1:",
+     "config.devices is not a list of objects"),
+    ('{"version": 3, "args": ["all_reduce_perf"], "config": {"devices": [{"rank": 0, "hostname": "a"}]}, '
+     '"results": [{"size": 8, "type": "float", "out_of_place": {"time": 1.0}, '
+     '"out_of_place_per_iter": {"times_us": ["a"]}}]}', [], ":1:", "times_us is not a list of times above 0"),
+    ('{"nccl_version": 1, "results": ' + '[' * 100000 + ']' * 100000 + '}', [], ":", "truncated or corrupt "
+     "nccl-tests JSON"),
 ])
 def test_unreadable_logs_are_one_line_naming_file_and_line(capsys, tmp_path, content, flags, where, says):
     log = tmp_path / "peer.log"
@@ -165,6 +178,22 @@ def test_unreadable_logs_are_one_line_naming_file_and_line(capsys, tmp_path, con
     assert code == 2 and stdout == ""
     assert err.count("\n") == 1 and f"{log}{where}" in err and says in err, err
     assert not (tmp_path / "out" / "run.json").exists()
+
+
+@pytest.mark.parametrize("flags, out, says", [
+    (["--hosts", "a:99999999999"], "new", "--hosts: more than"),
+    (["--link", "intra", "--procs", "9" * 20], "new", "--procs 99999999999999999999 must be 1 to"),
+    (["--link", "intra"], "a file", "exists and is not a directory"),
+    (["--link", "intra"], "/proc/commcal", "cannot create the run directory"),
+])
+def test_import_refuses_what_no_run_holds_in_one_line(capsys, tmp_path, flags, out, says):
+    """Counts no run holds and an --out that cannot be a run directory: one line, exit 2, no run written."""
+    path = Path(out) if out.startswith("/") else tmp_path / "out"
+    if out == "a file":
+        path.write_text("a file")
+    code, stdout, err = run_main(capsys, ["import", str(OSU / "osu_latency.txt"), "--out", str(path), *flags])
+    assert code == 2 and stdout == "" and err.count("\n") == 1 and says in err, err
+    assert not (path / "run.json").exists()
 
 
 def calculon_seconds(tier: dict, op: str, nbytes: float, procs: int) -> float:

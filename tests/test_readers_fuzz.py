@@ -256,6 +256,17 @@ def run_json(change: Callable[[dict], object] | str) -> Mutation:
     return mutate
 
 
+def point_file(content: bytes | None) -> Mutation:
+    """Cut the run short, then overwrite one point record (the seed picks it) with `content`, or put a directory
+    in its place (None)."""
+    def mutate(d: Path, rng) -> None:
+        cut_short(d, rng)
+        path = rng.choice(sorted((d / "points").glob("*.json")))
+        path.unlink()
+        path.mkdir() if content is None else path.write_bytes(content)
+    return mutate
+
+
 def empty(d: Path, rng) -> None:
     shutil.rmtree(d)
     d.mkdir()
@@ -323,6 +334,14 @@ RUN_CASES = [
         put(median_s="fast"), put(procs="two"), put(size_bytes=None), put(op=7), put(requested_bytes=[1, 2]),
         put(ci_low_s={"lo": 1}), put(wrong="none")), f"1 {DROPPED}a process count that is not a whole number"),
     Case("cut_short_point_not_object", edit_points(lambda r: [1, 2])),
+    Case("cut_short_point_beyond_any_count", edit_points(
+        put(size_bytes=1e300), put(groups=math.inf), put(procs=10 ** 30), put(dtype="weird"), put(launches=-math.inf)),
+        f"1 {DROPPED}a size that is not a positive number of bytes"),
+    Case("cut_short_point_not_utf8", point_file(b'{"op": "\xff\xfe"}')),
+    Case("cut_short_point_deeply_nested", point_file(b"[" * 100000 + b"]" * 100000)),
+    Case("cut_short_point_a_directory", point_file(None)),
+    Case("samples_bad_rounds", edit_samples(lambda s: s.assign(
+        round=np.where(np.arange(len(s)) % 3 == 0, np.nan, np.where(np.arange(len(s)) % 3 == 1, 1e30, 0.0))))),
     Case("cut_short_point_truncated", then(cut_short, truncate(None))),
     Case("cut_short_samples_missing", then(cut_short, lambda d, rng: rng.choice(
         sorted((d / "points").glob("*.parquet"))).unlink())),
@@ -338,6 +357,7 @@ RUN_CASES = [
     Case("run_json_control_characters", run_json(put(mpi_library_version="Open MPI v5\x00\x07", machine="node\x00",
                                                      hosts=["a\x1b[31m"]))),
     Case("run_json_other_version", run_json(put(version=99))),
+    Case("run_json_huge_integer", run_json('{"x": 1' + "0" * 400 + ', "schema": "commcal.run"}')),
 ]
 
 
@@ -412,6 +432,10 @@ CAL_CASES = [
     CalCase("nan_value", lambda text: text.replace('"alpha_s": ', '"alpha_s": NaN, "x": ', 1), False, text=True),
     CalCase("version_7", older(7), True),
     CalCase("version_1", older(1), True),
+    CalCase("not_utf8", lambda text: text.encode()[:200] + b"\xff\xfe" + text.encode()[200:], False, text=True),
+    CalCase("deeply_nested", lambda text: "[" * 100000 + "]" * 100000, False, text=True),
+    CalCase("huge_integer", lambda text: text.replace('"alpha_s": ', '"alpha_s": 1' + "0" * 400 + ', "x": ', 1), False,
+            text=True),
     CalCase("future_version", set_in(lambda c: c, version=99), False),
     CalCase("wrong_type", set_in(model, alpha_s="fast"), False),
     CalCase("models_a_list", set_in(lambda c: c, models=[]), False),
@@ -459,7 +483,8 @@ def mutated_run(base: Path, case: Case, where: Path) -> Path:
 def mutated_calibration(base: Path, case: CalCase, where: Path) -> Path:
     path = where / f"{case.id}.json"
     text = base.read_text()
-    path.write_text(case.change(text) if case.text else json.dumps(case.change(json.loads(text)), indent=1))
+    changed = case.change(text) if case.text else json.dumps(case.change(json.loads(text)), indent=1)
+    path.write_bytes(changed if isinstance(changed, bytes) else changed.encode())
     return path
 
 

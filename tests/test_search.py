@@ -74,7 +74,9 @@ def test_search_cli_json_and_errors(tmp_path):
     assert {r["layer"] for r in out["layers"]} >= {"fc1", "fc2", "fc3"}
     for args, words in ((["--model", "vgg13", "--mesh", "2x4", "--devices", "6"], "devices"),
                         (["--model", "nosuch", "--mesh", "2x2"], "unknown model"),
-                        (["--model", "linear:m=3,k=5,n=7", "--mesh", "2x2", "--ranks-per-node", "3"], "ranks per node")):
+                        (["--model", "linear:m=3,k=5,n=7", "--mesh", "2x2", "--ranks-per-node", "3"], "ranks per node"),
+                        (["--model", "vgg13", "--mesh", "1000000x1000000"], "more than 1048576 devices"),
+                        (["--model", "vgg13", "--mesh", "2x2x2x2x2x2"], "6 axes")):
         bad = run_cli(["search", str(cal), *args], timeout=120)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1

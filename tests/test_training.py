@@ -156,3 +156,10 @@ def test_search_and_predict_cli(tmp_path, capsys):
 def _config(row: dict) -> str:
     return (f"t={row['t']},p={row['p']},d={row['d']},mb={row['micro_batch']},schedule={row['schedule']},v={row['v']},"
             f"zero={row['zero']},sp={int(row['sp'])},recompute={row['recompute']},overlap={int(row['dp_overlap'])}")
+
+
+@pytest.mark.parametrize("text", ["t=\u00b2,p=1,d=1,mb=1", "t=1,p=1,d=1,mb=1,schedule=interleaved/v\u00b2"])
+def test_configs_refuse_digits_int_cannot_read(text):
+    """A superscript is a digit to str.isdigit but no integer: one UsageError, not a ValueError."""
+    with pytest.raises(UsageError):
+        parse_config(text)

@@ -86,6 +86,6 @@ def _row(path: Path, i: int, line: str, header: list[str], name: str, op: str, p
     size = whole(path, i, row["#bytes"], "#bytes")
     if size == 0:
         return []
-    seconds = number(path, i, row[key], key) * 1e-6
+    seconds = number(path, i, row[key], key, "> 0") * 1e-6
     dtype = types["reduce"] if op in REDUCTIONS else types["data"]
     return [PeerPoint(op, procs, mpi_total_bytes(op, size, procs, "imb"), dtype, seconds, i)]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from microbench.methods import METHODS
 from microbench.errors import UsageError
+from microbench.records import MAX_COUNT
 
 ITEMSIZE = {"int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4,
             "int64": 8, "uint64": 8, "float64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -63,21 +64,25 @@ def fail(path: str | Path, line: int, message: str) -> UsageError:
     return UsageError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
 
 
-def number(path: str | Path, line: int, text: str, what: str) -> float:
-    """A finite, non-negative number from a log cell, or the one-line error naming the cell."""
+def number(path: str | Path, line: int, text: str, what: str, least: str = ">= 0") -> float:
+    """A finite number from a log cell, non-negative (least ">= 0") or positive ("> 0": a time or a rate, which a
+    size is divided by), or the one-line error naming the cell."""
     try:
         value = float(text)
     except ValueError:
         raise fail(path, line, f"{what} {text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise fail(path, line, f"{what} {text!r} is not a finite number >= 0")
+    if not math.isfinite(value) or value < 0 or (least == "> 0" and value == 0):
+        raise fail(path, line, f"{what} {text!r} is not a finite number {least}")
     return value
 
 
 def whole(path: str | Path, line: int, text: str, what: str) -> int:
-    """A non-negative integer from a log cell, or the one-line error naming the cell."""
-    if not text.isdigit():
+    """A non-negative integer a reader can hold (up to MAX_COUNT) from a log cell, or the one-line error naming the
+    cell."""
+    if not (text.isascii() and text.isdigit()):
         raise fail(path, line, f"{what} {text!r} is not a whole number")
+    if len(text) > 18 or int(text) > MAX_COUNT:
+        raise fail(path, line, f"{what} {text} is too large (at most {MAX_COUNT})")
     return int(text)
 
 

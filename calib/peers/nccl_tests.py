@@ -10,6 +10,7 @@ device ...' lines (JSON: config.devices)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -98,13 +99,29 @@ def _text_row(path: Path, i: int, cells: list[str], names: list[str], op: str, p
                      wrong=0 if wrong == "N/A" else int(number(path, i, wrong, "#wrong")))
 
 
+def _positive(value) -> bool:
+    """Whether a JSON value is a finite number above 0 (a time)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _hosts(path: Path, config) -> tuple[str, ...]:
+    """Each rank's host, in rank order, from an nccl-tests JSON's config.devices, or the one-line error."""
+    devices = config.get("devices") if isinstance(config, dict) else None
+    if not devices:
+        raise fail(path, 1, "nccl-tests JSON without config.devices (the ranks that ran)")
+    if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("rank", 0), int)
+                                                for d in devices):
+        raise fail(path, 1, "nccl-tests JSON's config.devices is not a list of objects with a whole rank")
+    return tuple(str(d.get("hostname", "")) for d in sorted(devices, key=lambda d: d.get("rank", 0)))
+
+
 def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
     """The results of an nccl-tests -J file, or None when `text` is not one."""
     if not text.lstrip().startswith("{"):
         return None
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         line = getattr(exc, "lineno", 0)
         if '"nccl_version"' in text or '"results"' in text:
             raise fail(path, line, f"truncated or corrupt nccl-tests JSON ({exc})") from None
@@ -117,10 +134,7 @@ def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
     if not args:
         raise fail(path, 1, "nccl-tests JSON without 'args' (the command that names the test)")
     op = _op(path, 1, args[0])
-    devices = (doc.get("config") or {}).get("devices") or []
-    hosts = tuple(str(d.get("hostname", "")) for d in sorted(devices, key=lambda d: d.get("rank", 0)))
-    if not hosts:
-        raise fail(path, 1, "nccl-tests JSON without config.devices (the ranks that ran)")
+    hosts = _hosts(path, doc.get("config"))
     half = "in_place" if job.in_place else "out_of_place"
     points, per_iteration = [], False
     for k, row in enumerate(doc["results"] or []):
@@ -128,9 +142,13 @@ def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
         if not isinstance(result, dict):
             raise fail(path, 1, f"results[{k}] has no {half} object")
         seconds = result.get("time", result.get("cpu_time"))
-        if not isinstance(seconds, (int, float)) or not isinstance(row.get("size"), int):
-            raise fail(path, 1, f"results[{k}] lacks a numeric size or {half}.time")
-        samples = tuple(float(t) * 1e-6 for t in (row.get(f"{half}_per_iter") or {}).get("times_us") or ())
+        if not _positive(seconds) or isinstance(row.get("size"), bool) or not isinstance(row.get("size"), int):
+            raise fail(path, 1, f"results[{k}] lacks a numeric size or a {half}.time above 0")
+        per_iter = row.get(f"{half}_per_iter") or {}
+        times = per_iter.get("times_us") if isinstance(per_iter, dict) else None
+        if not isinstance(times or [], list) or not all(_positive(t) for t in times or []):
+            raise fail(path, 1, f"results[{k}].{half}_per_iter.times_us is not a list of times above 0")
+        samples = tuple(float(t) * 1e-6 for t in times or ())
         per_iteration |= bool(samples)
         wrong = result.get("nwrong")
         wrong = int(wrong) if isinstance(wrong, (int, float)) else 0

@@ -63,16 +63,14 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
             if size == 0:
                 continue
             if BANDWIDTH in row:
-                rate = number(path, i, row[BANDWIDTH], "bandwidth") * 1e6
-                if rate <= 0:
-                    raise fail(path, i, "bandwidth 0 MB/s")
+                rate = number(path, i, row[BANDWIDTH], "bandwidth", "> 0") * 1e6
                 seconds = size * (2 if op == "sendrecv" else 1) / rate
             else:
                 key = "Max Latency(us)" if "Max Latency(us)" in row else next(
                     (k for k in ("Avg Latency(us)", "Latency (us)") if k in row), None)
                 if key is None:
                     raise fail(path, i - 1, f"no latency column among {', '.join(header)}")
-                seconds = number(path, i, row[key], "latency") * 1e-6
+                seconds = number(path, i, row[key], "latency", "> 0") * 1e-6
             points.append(PeerPoint(op, procs, mpi_total_bytes(op, size, procs), dtype, seconds, i))
     if header is None or not points:
         raise fail(path, at, f"OSU {name} Test with no measurements under its title")

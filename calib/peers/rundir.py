@@ -17,7 +17,7 @@ from calib.peers.model import ITEMSIZE, PeerLog, PeerPoint, fail
 from microbench.errors import UsageError
 from microbench.ops import OPS
 from microbench.links import LINK_CLASSES, link_of
-from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
+from microbench.records import MAX_BYTES, RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
 from microbench.stats import estimate
 from microbench.store import RunStore
 
@@ -31,14 +31,20 @@ class Placement:
     ranks_per_node: int
 
 
+MAX_RANKS = 1 << 20
+"""The most ranks a host list may place (each rank's host is held in memory)."""
+
+
 def parse_hosts(text: str) -> tuple[str, ...]:
     """mpirun's host list, 'n1:2,n2:2' (slots per host; a bare name is one slot), as each rank's host in rank order
     (ranks fill a host's slots before the next, as `--host` places them by default)."""
     ranks: list[str] = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         name, _, slots = item.partition(":")
-        if not name or (slots and not slots.isdigit()) or slots == "0":
+        if not name or (slots and not (slots.isascii() and slots.isdigit())) or slots == "0":
             raise UsageError(f"--hosts: {item!r} is not HOST or HOST:SLOTS")
+        if len(ranks) + int(slots or 1) > MAX_RANKS:
+            raise UsageError(f"--hosts: more than {MAX_RANKS} ranks")
         ranks += [name] * int(slots or 1)
     if not ranks:
         raise UsageError("--hosts: no hosts given")
@@ -112,6 +118,8 @@ def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link
     host from --hosts (a log's own host list wins where it has one); `link`: --link."""
     check_alike(logs)
     store = RunStore(out)
+    if store.out.exists() and not store.out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
     if store.out.exists() and any(store.out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty; choose another directory")
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -122,6 +130,9 @@ def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link
     for log in logs:
         ranks = log.hosts or hosts
         for p in log.points:
+            if p.procs > MAX_RANKS or p.size_bytes > MAX_BYTES:
+                raise fail(log.path, p.line, f"{p.procs} processes and {p.size_bytes} bytes: more than a run holds "
+                                             f"({MAX_RANKS} processes, {MAX_BYTES} bytes)")
             where = placement(p.procs, log.hosts or hosts, link, f"{log.path}:{p.line}")
             summary, samples = _summary(run_id, log, p, where, in_place)
             if summary.point_id in seen:
