@@ -153,6 +153,10 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     return kind, p
 
 
+MAX_BLOCKS = 4096
+"""The most transformer blocks a model spec may have: each is five layers the search prices one by one."""
+
+
 def parse_model(spec: str, dtype: str = "float32") -> Model:
     """A Model from "NAME[:key=value,...]"."""
     kind, p = parse_spec(spec)
@@ -173,5 +177,7 @@ def parse_model(spec: str, dtype: str = "float32") -> Model:
             raise UsageError(f"embedding: density must be in (0, 1] (got {p['density']})")
         layers = [Embedding("embed", isz, p["vocab"], p["dim"], p["tokens"], p["density"])]
     else:
+        if p["layers"] > MAX_BLOCKS:
+            raise UsageError(f"transformer: layers={p['layers']}; commcal prices up to {MAX_BLOCKS} blocks")
         layers = _transformer(p, isz)
     return Model(spec, tuple(layers))

@@ -7,7 +7,6 @@ breakdown and memory (analysis.training_view)."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from analysis.colossal import Rooted
 from analysis.layers import Compute, parse_strategy
@@ -22,6 +21,7 @@ from analysis.summary import chain_steps
 from analysis.training_view import add_training_arguments, run_predict
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
+from microbench.jsonfile import strict_json
 from microbench.links import is_link
 from microbench.sizes import format_size, parse_size
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     fallbacks = [Fallback(args.op, None, args.link, link)] if link != args.link else []
     fallbacks = report_fallbacks(fallbacks, args.calibration, args.strict)
     if args.json:
-        print(json.dumps({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict(),
+        print(strict_json({"op": args.op, "procs": args.procs, "bytes": nbytes, **pred.to_dict(),
                           "fallbacks": fallbacks}))
         return 0
     via = f" (by its {link} model)" if link != args.link else ""
@@ -129,7 +129,7 @@ def run_strategy(args: argparse.Namespace, calibration) -> int:
            "fallbacks": report_fallbacks(fallbacks, args.calibration, args.strict),
            "profile": profile_record(pricer, [st for _, steps in chain for st in steps])}
     if getattr(args, "json", False):
-        print(json.dumps(out, indent=1))
+        print(strict_json(out, indent=1))
         return 0
     print(f"{type(layer).__name__} {args.layer} strategy {strategy.id} on mesh {mesh}: {fmt_s(total)}, "
           f"{fmt_bytes(sched.memory_bytes)} per device")

@@ -10,7 +10,6 @@ their breakdown (analysis.training_view)."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from analysis.conv import Conv2d
@@ -24,7 +23,12 @@ from analysis.search import Tabulator, chain_cost, coordinate_descent, optimum
 from analysis.summary import summarize
 from analysis.training_view import add_training_arguments, run_search
 from microbench.errors import UsageError
+from microbench.jsonfile import strict_json
 from microbench.sizes import parse_size
+
+
+MAX_RESTARTS = 1000
+"""The most coordinate-descent restarts a search runs (each one a full descent over every layer)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,8 +58,8 @@ def axis_links(pricer: Pricer) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from calib.calibration import load_calibration
 
-    if args.top < 0 or args.restarts < 0 or args.cd_window < 1:
-        raise UsageError("--top and --restarts must be >= 0 and --cd-window >= 1")
+    if args.top < 0 or not 0 <= args.restarts <= MAX_RESTARTS or args.cd_window < 1:
+        raise UsageError(f"--top must be >= 0, --restarts 0 to {MAX_RESTARTS} and --cd-window >= 1")
     if args.mesh is None:
         if args.gpus_per_node is None:
             raise UsageError("search needs --mesh (layer strategies) or --devices and --gpus-per-node (a training step)")
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                fallbacks=fallbacks, axes=axis_links(pricer), profile=profile,
                left_out=[{"strategy": k, "why": v} for k, v in sorted(tab.left_out.items())])
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(strict_json(out, indent=1))
         return 0
     print(f"model {args.model}: {len(model.layers)} layers on mesh {mesh}; calibration {args.calibration}")
     print("mesh axes: " + "; ".join(f"{a['axis']} ({a['size']}) on {a['link']}" for a in out["axes"]))

@@ -632,7 +632,8 @@ class TrainingPricer(StepPricer):
 
 
 def divisors(n: int, upto: int | None = None) -> list[int]:
-    return [k for k in range(1, (upto or n) + 1) if n % k == 0]
+    """The divisors of n, up to `upto` where given."""
+    return [k for k in range(1, min(upto or n, n) + 1) if n % k == 0]
 
 
 def pipeline_schedules(p: int, vs) -> list[Schedule]:

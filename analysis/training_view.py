@@ -5,7 +5,6 @@ breakdown prints, as text or JSON."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from analysis.options import fmt_bytes, fmt_s, nics_per_node, report_fallbacks
@@ -13,6 +12,7 @@ from analysis.models import parse_spec
 from analysis.training import Step, StepPricer, TrainingPricer, Transformer, parse_config
 from analysis.training_chain import Chain, ChainTrainingPricer
 from microbench.errors import UsageError
+from microbench.jsonfile import strict_json
 from microbench.sizes import parse_size
 
 
@@ -97,7 +97,7 @@ def run_search(args: argparse.Namespace, calibration) -> int:
            "over_memory": over, "other_infeasible": len(others), "search_s": elapsed,
            "best": [s.to_dict() for s in best], "fallbacks": fallbacks}
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(strict_json(out, indent=1))
         return 0
     _print_head(out)
     print(f"searched {len(steps):,} configurations in {elapsed:.2f} s: {len(ok):,} feasible, {over:,} over device "
@@ -118,7 +118,7 @@ def run_predict(args: argparse.Namespace, calibration) -> int:
         raise UsageError(f"configuration {step.config} cannot run: {step.reason}")
     out = {**_head(tp, calibration, args.calibration), **step.to_dict(), "fallbacks": fallbacks}
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(strict_json(out, indent=1))
         return 0
     _print_head(out)
     if not step.feasible:

@@ -68,8 +68,8 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
     share, least_gain = OVERRIDE
     if bic[0].median is None or bic[0].median <= least_gain:
         return chosen(bic)
-    fixed = [scored(count, least) for count in range(1, opts.max_segments + 1) for least in opts.min_sizes
-             if 1 < count <= pts.n_sizes // least] + [scored(1, opts.min_sizes[0])]
+    fixed = [scored(count, least) for count in range(2, min(opts.max_segments, pts.n_sizes) + 1)
+             for least in opts.min_sizes if count <= pts.n_sizes // least] + [scored(1, opts.min_sizes[0])]
     other = min(fixed, key=lambda s: s[0].key())
     gain = bic[0].median - (np.inf if other[0].median is None else other[0].median)
     return chosen(other if gain > max(share * bic[0].median, least_gain) else bic)

@@ -16,6 +16,7 @@ from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS, known_dtype
 from microbench.provenance import STEAL_WARN
+from microbench.sizes import MAX_BYTES
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
 
@@ -174,7 +175,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
         ("a dtype of unknown size", pts["dtype"].map(known_dtype)),
         ("a process, node or group count that is not a whole number >= 1", counts),
-        (f"a size that is not a positive number of bytes up to {records.MAX_BYTES:g}", sizes),
+        (f"a size that is not a positive number of bytes up to {MAX_BYTES:g}", sizes),
         ("no flop or wrong-element count", (pts["flops"] >= 0) & (pts["wrong"] >= 0)),
         ("wrong results", pts["wrong"] == 0),
         (f"without samples of {SECONDS[0]:g} to {SECONDS[1]:g} s in a numbered visit", pts["point_id"].isin(sampled))],

@@ -38,6 +38,11 @@ OPTIONAL_KEYS = {"description", "sources", "sms", "gemm_tile"}
 SIZES = tuple(2 ** k for k in range(3, 35))     # 8 B .. 16 GiB: the range the models state they hold over
 
 
+RATES = (1e-9, 1e9)
+"""The range a spec's rates and sizes (GB/s, GiB, TFLOP/s, GFLOP) must lie in: beyond it their reciprocals leave
+the floats' range."""
+
+
 def _number(obj: dict, key: str, where: str, low: float = 0.0, high: float = math.inf) -> float:
     v = obj.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low < v <= high:
@@ -64,8 +69,8 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         raise UsageError(f"{path}: 'tiers' must list one or two link tiers (the node, then the network)")
     for i, tier in enumerate(tiers):
         _keys(tier, TIER_KEYS, f"{path}: tiers[{i}]")
-        for key in ("bandwidth_GBps", "latency_us"):
-            _number(tier, key, f"{path}: tiers[{i}]")
+        _number(tier, "bandwidth_GBps", f"{path}: tiers[{i}]", *RATES)
+        _number(tier, "latency_us", f"{path}: tiers[{i}]", high=1e9)
         _number(tier, "efficiency", f"{path}: tiers[{i}]", high=1.0)
         if not isinstance(tier["devices"], int) or tier["devices"] < 2:
             raise UsageError(f"{path}: tiers[{i}]: key 'devices' must be an integer >= 2")
@@ -74,7 +79,7 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         raise UsageError(f"{path}: tiers[1].devices ({tiers[1]['devices']}) is not a multiple of a node's {per_node}")
     device = _keys(spec["device"], DEVICE_KEYS, f"{path}: device")
     for key in ("memory_GiB", "memory_GBps", "gemm_half_gflop"):
-        _number(device, key, f"{path}: device")
+        _number(device, key, f"{path}: device", *RATES)
     for key in ("memory_efficiency", "gemm_max_efficiency"):
         _number(device, key, f"{path}: device", high=1.0)
     wave = _wave(device, f"{path}: device")
@@ -82,7 +87,10 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
     if not isinstance(peaks, dict) or not peaks:
         raise UsageError(f"{path}: device.peak_tflops must map dtypes to TFLOP/s")
     for dtype in peaks:
-        _number(peaks, dtype, f"{path}: device.peak_tflops")
+        _number(peaks, dtype, f"{path}: device.peak_tflops", *RATES)
+    sources = spec.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise UsageError(f"{path}: key 'sources' must list strings (where the figures come from)")
     if spec["backend"] not in ("mpi", "mpi-cuda", "nccl"):
         raise UsageError(f"{path}: key 'backend' must be mpi, mpi-cuda or nccl")
 

@@ -8,21 +8,31 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from microbench.errors import UsageError
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call write(tmp_path) on a temporary file beside `path`, fsync it, then rename it over `path`."""
+    """Call write(tmp_path) on a temporary file beside `path`, fsync it, then rename it over `path`. A path that
+    cannot take a file (a directory, a place the system refuses, a full disk) is one UsageError line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory: give a file name to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
     os.close(fd)
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
         raise
     return path
 

@@ -5,9 +5,24 @@ deep to parse), is one UsageError line naming the file and what it should be."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from microbench.errors import UsageError
+
+
+def strict_json(obj, **kwargs) -> str:
+    """json.dumps for output other programs parse: NaN and infinities (a prediction beyond the floats' range, a
+    statistic without a value) become null, which JSON has, where json.dumps writes NaN and Infinity, which it lacks."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), allow_nan=False, **kwargs)
 
 
 def _reject_constant(name: str):

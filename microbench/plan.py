@@ -132,6 +132,10 @@ def scan_estimate(nodes: int, sizes: list[int], rounds: int, rule: StopRule, mac
                     launch + sum(visits), launch)
 
 
+MAX_DRY_RANKS = 1 << 20
+"""The most ranks (--nodes x --gpus-per-node) a dry run plans."""
+
+
 def add_arguments(p: argparse.ArgumentParser, ranks_help: str) -> None:
     """--dry-run and what it plans for: the allocation's shape and time limit, and the assumed network."""
     p.add_argument("--dry-run", action="store_true",
@@ -167,6 +171,8 @@ def dry_run(args: argparse.Namespace) -> DryRun:
         raise UsageError("--dry-run needs --nodes N (1 or more)")
     if args.gpus_per_node < 1:
         raise UsageError("--gpus-per-node must be 1 or more")
+    if args.nodes * args.gpus_per_node > MAX_DRY_RANKS:
+        raise UsageError(f"--dry-run plans up to {MAX_DRY_RANKS} ranks, not {args.nodes} x {args.gpus_per_node}")
     if not (args.assume_latency_us > 0 and args.assume_bandwidth > 0):
         raise UsageError("--assume-latency-us and --assume-bandwidth must be positive")
     limit = parse_duration(args.time_limit) if args.time_limit else None

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
+from microbench.sizes import MAX_BYTES
 
 RUN_SCHEMA = "commcal.run"
 RUN_SCHEMA_VERSION = 1
@@ -111,8 +112,6 @@ ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1, "rounds": 1, "round_spread":
 """Summary columns added after the first runs were written, with the value those runs meant."""
 MAX_COUNT = 2 ** 62
 """The largest count (ranks, groups, rounds) a reader takes from a file; beyond it no int64 holds the arithmetic."""
-MAX_BYTES = 2 ** 53
-"""The largest message or operand size in bytes a reader takes from a file (8 PiB; above it floats lose whole bytes)."""
 SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round", "launch")
 """samples: time_s is one timed iteration, the max over the participating ranks; round is the visit (0-based)
 it was taken in, launch the MPI launch (0: the run's first, k: its k-th resumption). Runs written before either

@@ -24,6 +24,7 @@ from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
 from microbench.outliers import Rule, Verdict, judge_nodes, judge_pairs
 from microbench.records import read_meta, read_parquet
+from microbench.sizes import MAX_BYTES
 from microbench.stats import StopRule
 
 SCAN_SCHEMA = "commcal.scan"
@@ -212,8 +213,9 @@ def read_scan(path: str | Path) -> Scan:
     path = Path(path)
     meta = read_meta(path / "scan.json", SCAN_SCHEMA, SCAN_SCHEMA_VERSION, "a commcal scan directory")
     nodes = meta.get("nodes")
-    if not (isinstance(nodes, list) and len(nodes) >= 2 and all(isinstance(n, str) for n in nodes)):
-        raise UsageError(f"{path / 'scan.json'}: 'nodes' must list the scanned nodes' names (two or more)")
+    if not (isinstance(nodes, list) and len(nodes) >= 2 and all(isinstance(n, str) for n in nodes)
+            and len(set(nodes)) == len(nodes)):
+        raise UsageError(f"{path / 'scan.json'}: 'nodes' must list the scanned nodes' names (two or more, each once)")
     if not isinstance(meta.get("options", {}), dict):
         raise UsageError(f"{path / 'scan.json'}: 'options' must be a JSON object")
     for name in TOLERANCES:
@@ -227,7 +229,7 @@ def read_scan(path: str | Path) -> Scan:
     for col in ("median_s", "rate", "size_bytes"):
         rows[col] = pd.to_numeric(rows[col], errors="coerce").astype(float)
     known = rows["kind"].isin(["pair", "node"]) & rows["node_a"].isin(nodes) & \
-        (rows["node_b"].isin(nodes) | (rows["kind"] == "node")) & (rows["size_bytes"] > 0)
+        (rows["node_b"].isin(nodes) | (rows["kind"] == "node")) & (rows["size_bytes"] > 0) & (rows["size_bytes"] <= MAX_BYTES)
     rows = rows[known].copy()
     if not (rows["kind"] == "pair").any():
         raise UsageError(f"{path / 'scan.parquet'}: no pair measurement between the scan's nodes")

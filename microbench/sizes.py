@@ -6,6 +6,8 @@ import re
 
 from microbench.errors import UsageError
 
+MAX_BYTES = 2 ** 53
+"""The largest message or operand size in bytes commcal takes (8 PiB; above it floats lose whole bytes)."""
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
@@ -16,8 +18,8 @@ def parse_size(text: str) -> int:
     if not m:
         raise UsageError(f"malformed size {text!r}: expected a number with an optional K/M/G/T suffix")
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value != int(value) or value <= 0:
-        raise UsageError(f"size {text!r} must be a positive whole number of bytes")
+    if not 0 < value <= MAX_BYTES or value != int(value):
+        raise UsageError(f"size {text!r} must be a positive whole number of bytes, at most {MAX_BYTES}")
     return int(value)
 
 

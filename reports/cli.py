@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import time
@@ -80,6 +81,13 @@ def _wait_for_the_job() -> None:
         time.sleep(FAIL_GRACE_S)
 
 
+def _finite_numbers(args) -> None:
+    """Every number option is finite: argparse's float reads 'inf' and 'nan', which no option means."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name.replace('_', '-')} {value}: not a finite number")
+
+
 def build_parser(name: str | None) -> tuple[_Parser, object | None]:
     parser = _Parser(prog="commcal", description="Calibrate cluster communication for parallelization planners.")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.setdefault(var, "1")
         parser, module = build_parser(name)
         args = parser.parse_args(argv)
+        _finite_numbers(args)
         if module is None:
             parser.print_help()
             return 2

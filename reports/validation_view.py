@@ -37,6 +37,8 @@ from reports.document import Note, Section, Table, Text
 from reports.plotting import COLORS, log_values, new_figure, save_figure
 
 REQUIRED = ("layer", "strategy", "predicted_s", "measured_s")
+MAX_STEP_S = 1e6
+"""The longest step time a strategies table may hold (11.6 days), as the run readers' samples."""
 OPTIONAL = ("predicted_low_s", "predicted_high_s", "measured_ci_low_s", "measured_ci_high_s",
             "predicted_comm_s", "measured_comm_s")
 METRICS = {"kendall_tau": ("Kendall's tau", (-1, 1)), "top1": ("top-1 accuracy", (0, 1)),
@@ -208,12 +210,17 @@ def _read_strategies(path: Path) -> pd.DataFrame:
         raise UsageError(f"{path}: strategies table lacks column(s) {', '.join(missing)}")
     if frame.empty:
         raise UsageError(f"{path}: strategies table has no rows")
+    for col in REQUIRED[:2]:
+        if frame[col].isna().any():
+            raise UsageError(f"{path}: strategies column {col} must name every row's {col}")
     for col in (*REQUIRED[2:], *(c for c in OPTIONAL if c in frame.columns)):
         values = frame[col]
         bad = not pd.api.types.is_numeric_dtype(values) or np.isinf(values).any()
         if bad or (col in REQUIRED and values.isna().any()):
             raise UsageError(f"{path}: strategies column {col} must hold finite numbers"
                              + ("" if col in REQUIRED else " (or be empty where unknown)"))
+        if col.endswith("_s") and not values.dropna().between(0, MAX_STEP_S).all():
+            raise UsageError(f"{path}: strategies column {col} must hold times of 0 to {MAX_STEP_S:g} s")
     return frame.astype({"layer": str, "strategy": str})
 
 
@@ -278,7 +285,7 @@ def scatter_figure(frame: pd.DataFrame):
         ax.scatter(rows["measured_s"] * MS, rows["predicted_s"] * MS, s=28, color=COLORS[i % len(COLORS)],
                    label=f"layer {layer}", zorder=3)
     both = np.concatenate([frame["measured_s"], frame["predicted_s"]]) * MS
-    lo, hi = both[both > 0].min() / 1.5, both.max() * 1.5
+    lo, hi = (both[both > 0].min() / 1.5, both.max() * 1.5) if (both > 0).any() else (1e-3, 1.0)
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, linestyle="--", label="y = x")
     log_values(ax.xaxis)
     log_values(ax.yaxis)
@@ -310,7 +317,7 @@ def ranking_figure(metrics: tuple[Metric, ...]):
         if m is None:
             ax.set_visible(False)
             continue
-        err = None if m.low is None else [[m.value - m.low], [m.high - m.value]]
+        err = [[m.value - m.low], [m.high - m.value]] if m.low is not None and m.low <= m.value <= m.high else None
         ax.errorbar([0], [m.value], yerr=err, marker="o", markersize=8, capsize=6,
                     color=COLORS[m.name.startswith("comm_")])
         ax.annotate(f"{m.value:.3g}" + ("" if m.low is None else f"\n[{m.low:.3g}, {m.high:.3g}]"),

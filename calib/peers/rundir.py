@@ -17,7 +17,8 @@ from calib.peers.model import ITEMSIZE, PeerLog, PeerPoint, fail
 from microbench.errors import UsageError
 from microbench.ops import OPS
 from microbench.links import LINK_CLASSES, link_of
-from microbench.records import MAX_BYTES, RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
+from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
+from microbench.sizes import MAX_BYTES
 from microbench.stats import estimate
 from microbench.store import RunStore
 

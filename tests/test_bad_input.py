@@ -1,0 +1,81 @@
+"""Arguments and files no writer of ours produces and no option means: one line on stderr and exit 2 from every
+front door, never a traceback, a hang or a file half written (the cases an audit of the CLI found)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calib.synthetic import synthetic_calibration
+from conftest import run_main
+from microbench.jsonfile import strict_json
+
+SPEC = Path(__file__).parent.parent / "calib" / "selene.spec.json"
+RUN = Path(__file__).parent / "data" / "runs" / "racks-pingpong-tbf"
+
+
+@pytest.fixture(scope="module")
+def cal(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bad") / "cal.json"
+    path.write_text(json.dumps(synthetic_calibration({(op, "intra"): (5e-6, 1e-10) for op in ("allreduce", "pingpong")},
+                                                     gemm={"float32": 1e12})))
+    return path
+
+
+def spec_with(tmp_path: Path, change) -> Path:
+    spec = json.loads(SPEC.read_text())
+    change(spec)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def tier(**values):
+    return lambda spec: spec["tiers"][-1].update(values)
+
+
+CASES = {
+    "export_into_a_directory": (["export", "{cal}", "--format", "calculon", "--out", "{tmp}"], "is a directory"),
+    "export_where_no_file_can_be": (["export", "{cal}", "--format", "calculon", "--out", "/proc/self/x.json"],
+                                    "cannot write"),
+    "predict_bytes_beyond_any_size": (["predict", "{cal}", "--op", "allreduce", "--link", "intra", "--procs", "2",
+                                       "--bytes", "9" * 60], "at most"),
+    "dry_run_infinite_latency": (["sweep", "--dry-run", "--nodes", "2", "--assume-latency-us", "inf"],
+                                 "not a finite number"),
+    "dry_run_nan_bandwidth": (["sweep", "--dry-run", "--nodes", "2", "--assume-bandwidth", "nan"],
+                              "not a finite number"),
+    "dry_run_of_a_billion_ranks": (["sweep", "--dry-run", "--nodes", "1000000000"], "plans up to"),
+    "search_a_hundred_million_restarts": (["search", "{cal}", "--model", "linear:m=64,k=64,n=64", "--mesh", "2",
+                                           "--restarts", "100000000"], "--restarts 0 to"),
+    "search_a_million_blocks": (["search", "{cal}", "--model", "transformer:layers=1000000", "--mesh", "2"],
+                                "blocks"),
+    "spec_link_faster_than_any": (["calibration", "from-spec", "{spec:bw}", "--out", "{tmp}/c.json"], "bandwidth_GBps"),
+    "spec_sources_not_a_list": (["calibration", "from-spec", "{spec:sources}", "--out", "{tmp}/c.json"], "sources"),
+}
+SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(sources=5)}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_line_and_exit_2(name, cal, tmp_path, capsys):
+    argv, says = CASES[name]
+    fill = {"{cal}": str(cal), "{tmp}": str(tmp_path)}
+    fill |= {f"{{spec:{k}}}": str(spec_with(tmp_path, change)) for k, change in SPECS.items() if f"{{spec:{k}}}" in argv}
+    args = [fill.get(a, a.replace("{tmp}", str(tmp_path))) for a in argv]
+    code, out, err = run_main(capsys, args)
+    assert code == 2 and err.count("\n") == 1 and says in err, (code, err)
+    assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
+
+
+def test_the_fit_looks_for_segments_only_where_sizes_are(tmp_path, capsys):
+    """--max-segments far beyond the sizes a run holds fits as fast as the default (no loop over the count asked)."""
+    code, _, err = run_main(capsys, ["fit", str(RUN), "--out", str(tmp_path / "c.json"), "--max-segments",
+                                     "1000000000", "--quiet"])
+    assert code == 0, err
+
+
+def test_json_output_is_json_where_a_price_leaves_the_floats():
+    """A price beyond the floats' range prints null, which every JSON parser reads, not Infinity."""
+    text = strict_json({"seconds": float("inf"), "low_s": float("nan"), "steps": [1.0, float("-inf")]})
+    assert json.loads(text) == {"seconds": None, "low_s": None, "steps": [1.0, None]}
