@@ -11,6 +11,10 @@ from pathlib import Path
 from microbench.errors import UsageError
 
 
+MAX_JSON_BYTES = 256 << 20
+"""The largest JSON file a reader takes (a calibration or a point record is kilobytes; /dev/zero is endless)."""
+
+
 def strict_json(obj, **kwargs) -> str:
     """json.dumps for output other programs parse: NaN and infinities (a prediction beyond the floats' range, a
     statistic without a value) become null, which JSON has, where json.dumps writes NaN and Infinity, which it lacks."""
@@ -42,9 +46,12 @@ def read_json(path, what: str, shown=None, finite: bool = True):
     value)."""
     p, shown = Path(path), path if shown is None else shown
     try:
-        raw = p.read_bytes()
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{shown}: cannot read {what} ({exc.strerror or exc})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise UsageError(f"{shown}: not a {what}: more than {MAX_JSON_BYTES >> 20} MiB of JSON")
     try:
         return json.loads(raw.decode("utf-8"), parse_int=_bounded_int,
                           **({"parse_constant": _reject_constant} if finite else {}))

@@ -173,8 +173,8 @@ def dry_run(args: argparse.Namespace) -> DryRun:
         raise UsageError("--gpus-per-node must be 1 or more")
     if args.nodes * args.gpus_per_node > MAX_DRY_RANKS:
         raise UsageError(f"--dry-run plans up to {MAX_DRY_RANKS} ranks, not {args.nodes} x {args.gpus_per_node}")
-    if not (args.assume_latency_us > 0 and args.assume_bandwidth > 0):
-        raise UsageError("--assume-latency-us and --assume-bandwidth must be positive")
+    if not (1e-9 <= args.assume_latency_us <= 1e9 and 1e-9 <= args.assume_bandwidth <= 1e9):
+        raise UsageError("--assume-latency-us and --assume-bandwidth must lie in 1e-9 to 1e9")
     limit = parse_duration(args.time_limit) if args.time_limit else None
     return DryRun(args.nodes, args.gpus_per_node, limit,
                   Machine.default(args.assume_latency_us * 1e-6, args.assume_bandwidth * 1e9))

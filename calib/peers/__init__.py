@@ -13,14 +13,22 @@ READERS = (nccl_tests.read_json, nccl_tests.read_text, osu.read_text, imb.read_t
 peer's but malformed."""
 
 
+MAX_LOG_BYTES = 256 << 20
+"""The largest log import reads (a peer's table is kilobytes, nccl-tests' per-iteration JSON megabytes)."""
+
+
 def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
     """The log at `path`, whichever peer wrote it; UsageError (one line naming the file and line) otherwise.
     `job`: what the caller knows of the job that the log may not say."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_LOG_BYTES + 1)
     except OSError as exc:
         raise fail(path, 0, f"cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_LOG_BYTES:
+        raise fail(path, 0, f"more than {MAX_LOG_BYTES >> 20} MiB: not a benchmark's log")
+    text = raw.decode("utf-8", errors="replace")
     for reader in READERS:
         log = reader(path, text, job)
         if log is not None:
