@@ -124,6 +124,9 @@ def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds
                         index=pd.Index(names[point_of_visit[new_point]], dtype=str))
 
 
+MAX_FLOPS = 1e30
+"""The most floating-point operations a GEMM point may count (n = 1e10); beyond it a rate leaves the floats' range."""
+
 BANDWIDTH_BOUND = 0.5
 """The share of a point's time its bytes take at its operation's sustained rate from which a point is bandwidth-bound
 (calib.points.sustained_minorities)."""
@@ -177,6 +180,8 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
         ("a process, node or group count that is not a whole number >= 1", counts),
         (f"a size that is not a positive number of bytes up to {MAX_BYTES:g}", sizes),
         ("no flop or wrong-element count", (pts["flops"] >= 0) & (pts["wrong"] >= 0)),
+        (f"a GEMM whose flop count is not a number of 1 to {MAX_FLOPS:g}",
+         ~pts["op"].eq("gemm") | pts["flops"].between(1, MAX_FLOPS)),
         ("wrong results", pts["wrong"] == 0),
         (f"without samples of {SECONDS[0]:g} to {SECONDS[1]:g} s in a numbered visit", pts["point_id"].isin(sampled))],
         run_dir)
