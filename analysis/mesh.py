@@ -128,6 +128,8 @@ def parse_mesh(text: str, ranks_per_node: int | None = None, devices: int | None
     if not re.fullmatch(r"\d+(x\d+)*", text.strip()):
         raise UsageError(f"bad mesh {text!r}; write axis sizes like 2x4 or 2x2x2")
     shape = tuple(int(t) for t in text.strip().split("x"))
+    if ranks_per_node is not None and ranks_per_node < 1:
+        raise UsageError(f"--ranks-per-node must be 1 or more, not {ranks_per_node}")
     if len(shape) > MAX_AXES:
         raise UsageError(f"mesh {text} has {len(shape)} axes; commcal searches meshes of up to {MAX_AXES}")
     if any(n > MAX_DEVICES for n in shape) or math.prod(shape) > MAX_DEVICES:

@@ -126,6 +126,10 @@ def _params(kind: str, given: dict[str, str]) -> dict:
             out[key] = text if key in TEXT_PARAMS else (float(text) if key == "density" else int(text))
         except ValueError:
             raise UsageError(f"{kind}: {key}={text!r} is not a number") from None
+        if key == "density" and not 0 < out[key] <= 1:
+            raise UsageError(f"{kind}: density must be in (0, 1] (got {out[key]})")
+        if key in ("bn", "d_out", "head_dim", "ffn", "vocab") and out[key] < 0:   # 0: the default (none, or derived)
+            raise UsageError(f"{kind}: {key} must be at least 0 (got {out[key]})")
         if key not in (*TEXT_PARAMS, "density", "bn", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
             raise UsageError(f"{kind}: {key} must be at least 1 (got {out[key]})")
     return out
@@ -173,8 +177,6 @@ def parse_model(spec: str, dtype: str = "float32") -> Model:
     elif kind == "cnn":
         layers = _cnn(p, isz)
     elif kind == "embedding":
-        if not 0 < p["density"] <= 1:
-            raise UsageError(f"embedding: density must be in (0, 1] (got {p['density']})")
         layers = [Embedding("embed", isz, p["vocab"], p["dim"], p["tokens"], p["density"])]
     else:
         if p["layers"] > MAX_BLOCKS:

@@ -105,8 +105,9 @@ def distinguishable(algs: tuple[Algorithm, ...], procs) -> bool:
 
 def segment_bounds(max_bytes, min_bytes) -> np.ndarray:
     """Sizes at which segment i+1 takes over from segment i: the geometric middle of the gap between them."""
-    return np.sqrt(np.maximum(np.asarray(max_bytes[:-1], dtype=float), 1.0)
-                   * np.maximum(np.asarray(min_bytes[1:], dtype=float), 1.0))
+    with np.errstate(over="ignore"):
+        return np.sqrt(np.maximum(np.asarray(max_bytes[:-1], dtype=float), 1.0)
+                       * np.maximum(np.asarray(min_bytes[1:], dtype=float), 1.0))
 
 
 def piecewise_terms(alg: Algorithm, bounds: np.ndarray, alpha: np.ndarray, beta: np.ndarray, procs, nbytes):
@@ -115,8 +116,9 @@ def piecewise_terms(alg: Algorithm, bounds: np.ndarray, alpha: np.ndarray, beta:
     nbytes = np.asarray(nbytes, dtype=float)
     seg = np.searchsorted(bounds, nbytes, side="right")
     a, b = alg.coefficients(procs)
-    bn = b * nbytes
-    return a * alpha[seg] + bn * beta[seg], seg, a, bn
+    with np.errstate(over="ignore", invalid="ignore"):   # a schema-valid 1e308 parameter prices inf, not a warning
+        bn = b * nbytes
+        return a * alpha[seg] + bn * beta[seg], seg, a, bn
 
 
 def known_algorithms() -> tuple[str, ...]:

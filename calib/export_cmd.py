@@ -7,7 +7,7 @@ import argparse
 
 from calib import export
 from calib.calibration import load_calibration
-from microbench.atomic import atomic_write_text
+from microbench.atomic import atomic_write_text, not_an_input
 
 FORMATS = ("calculon", "astra-sim", "simai")
 
@@ -24,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    not_an_input(args.out, [args.calibration])
     cal = load_calibration(args.calibration)
     if args.format == "calculon":
         out = export.calculon(cal)

@@ -9,6 +9,7 @@ import sys
 from calib.calibration import calibration_from_dict
 from calib.fit import FitOptions, fit_result
 from calib.points import check_pages, load_runs
+from microbench.atomic import not_an_input
 from microbench.errors import UsageError
 from microbench.flags import add_backend_argument
 
@@ -35,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.folds < 2 or args.max_segments < 1:
         raise UsageError("--folds must be >= 2 and --max-segments >= 1")
+    not_an_input(args.out, [*args.runs, *(args.after_compute or [])])
     runs = load_runs(args.runs, args.backend, args.mix_methods)
     after = load_runs(args.after_compute, args.backend, args.mix_methods) if args.after_compute else None
     if after is not None:

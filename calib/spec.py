@@ -62,7 +62,7 @@ def _keys(obj, allowed: set[str], where: str) -> dict:
 def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
     """The calibration a spec describes; any problem with the spec is one UsageError line naming the key."""
     _keys(spec, SPEC_KEYS, path)
-    if spec["schema"] != SPEC_SCHEMA or spec["version"] != SPEC_VERSION:
+    if spec["schema"] != SPEC_SCHEMA or spec["version"] != SPEC_VERSION or isinstance(spec["version"], bool):
         raise UsageError(f"{path}: schema/version must be {SPEC_SCHEMA!r}/{SPEC_VERSION}")
     tiers = spec["tiers"]
     if not isinstance(tiers, list) or len(tiers) not in (1, 2):
@@ -71,7 +71,7 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         _keys(tier, TIER_KEYS, f"{path}: tiers[{i}]")
         _number(tier, "bandwidth_GBps", f"{path}: tiers[{i}]", *RATES)
         _number(tier, "latency_us", f"{path}: tiers[{i}]", high=1e9)
-        _number(tier, "efficiency", f"{path}: tiers[{i}]", high=1.0)
+        _number(tier, "efficiency", f"{path}: tiers[{i}]", RATES[0], 1.0)
         if not isinstance(tier["devices"], int) or tier["devices"] < 2:
             raise UsageError(f"{path}: tiers[{i}]: key 'devices' must be an integer >= 2")
     per_node = tiers[0]["devices"]
@@ -81,13 +81,16 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
     for key in ("memory_GiB", "memory_GBps", "gemm_half_gflop"):
         _number(device, key, f"{path}: device", *RATES)
     for key in ("memory_efficiency", "gemm_max_efficiency"):
-        _number(device, key, f"{path}: device", high=1.0)
+        _number(device, key, f"{path}: device", RATES[0], 1.0)
     wave = _wave(device, f"{path}: device")
     peaks = device["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise UsageError(f"{path}: device.peak_tflops must map dtypes to TFLOP/s")
     for dtype in peaks:
         _number(peaks, dtype, f"{path}: device.peak_tflops", *RATES)
+    for key in ("machine", "description"):
+        if not isinstance(spec.get(key, ""), str):
+            raise UsageError(f"{path}: key '{key}' must be a string")
     sources = spec.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise UsageError(f"{path}: key 'sources' must list strings (where the figures come from)")

@@ -13,6 +13,7 @@ from calib.fit import FitOptions
 from calib.points import load_runs
 from calib.refine import refine
 from calib.spec import load_spec
+from microbench.atomic import not_an_input
 from microbench.errors import UsageError
 from microbench.records import load_summary
 
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    not_an_input(args.out, [args.spec, *(args.refine or [])])
     result = load_spec(args.spec)
     if args.refine:
         result = _refined(result, args)

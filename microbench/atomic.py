@@ -37,6 +37,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     return path
 
 
+def not_an_input(out: str | os.PathLike, inputs) -> None:
+    """UsageError where writing `out` would replace what a command reads: one of `inputs` (files), or a file already
+    inside one (run directories)."""
+    target = Path(out).resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if target == source or (target.exists() and source.is_dir() and source in target.parents):
+            raise UsageError(f"--out {out} would overwrite the input {given}; choose another path")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:

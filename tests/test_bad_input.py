@@ -53,8 +53,23 @@ CASES = {
                                 "blocks"),
     "spec_link_faster_than_any": (["calibration", "from-spec", "{spec:bw}", "--out", "{tmp}/c.json"], "bandwidth_GBps"),
     "spec_sources_not_a_list": (["calibration", "from-spec", "{spec:sources}", "--out", "{tmp}/c.json"], "sources"),
+    "spec_efficiency_below_any": (["calibration", "from-spec", "{spec:eff}", "--out", "{tmp}/c.json"], "efficiency"),
+    "spec_version_true": (["calibration", "from-spec", "{spec:version}", "--out", "{tmp}/c.json"], "schema/version"),
+    "spec_machine_not_a_name": (["calibration", "from-spec", "{spec:machine}", "--out", "{tmp}/c.json"], "'machine'"),
+    "spec_written_over_itself": (["calibration", "from-spec", "{spec:sources}", "--out", "{tmp}/spec.json"],
+                                 "would overwrite the input"),
+    "export_over_its_calibration": (["export", "{cal}", "--format", "calculon", "--out", "{cal}"],
+                                    "would overwrite the input"),
+    "fit_over_its_run": (["fit", str(RUN), "--out", str(RUN / "run.json")], "would overwrite the input"),
+    "no_ranks_per_node": (["search", "{cal}", "--model", "linear:m=64,k=64,n=64", "--mesh", "2x2",
+                           "--ranks-per-node", "0"], "--ranks-per-node must be 1 or more"),
+    "negative_head_dim": (["search", "{cal}", "--model", "transformer:head_dim=-1", "--mesh", "2"], "head_dim"),
+    "transformer_density_nan": (["search", "{cal}", "--model", "transformer:vocab=10,density=nan", "--mesh", "2"],
+                                "density"),
 }
-SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(sources=5)}
+SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(sources=5),
+         "eff": tier(efficiency=1e-320), "version": lambda spec: spec.update(version=True),
+         "machine": lambda spec: spec.update(machine=5)}
 
 
 @pytest.mark.parametrize("name", CASES)
