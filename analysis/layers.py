@@ -32,6 +32,7 @@ from analysis import kernels
 from analysis.mesh import Mesh
 from analysis.redistribute import Plan, Step, plan
 from analysis.sbp import B, P, Signature, Split, indivisible, local_shape
+from microbench.errors import UsageError
 
 OPTIMIZER_STATES = 2        # Adam: two moments per parameter, stored like the parameter
 
@@ -47,7 +48,10 @@ class Strategy:
 
 
 def parse_strategy(text: str) -> Strategy:
-    body, _, opt = text.strip().partition("/")
+    """'m.n' or 'm.n/ws' (weights sharded): one choice per mesh axis; any other option after '/' is refused."""
+    body, slash, opt = text.strip().partition("/")
+    if slash and opt != "ws":
+        raise UsageError(f"strategy {text!r}: the only option after '/' is ws (sharded weights)")
     return Strategy(tuple(body.split(".")), opt == "ws")
 
 

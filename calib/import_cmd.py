@@ -32,10 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     hosts = parse_hosts(args.hosts) if args.hosts else ()
     if args.procs is not None and (not 1 <= args.procs <= MAX_RANKS or (hosts and args.procs != len(hosts))):
-        raise UsageError(f"--procs {args.procs} must be 1 to {MAX_RANKS}" + (f" and match the {len(hosts)} slots of --hosts"
-                                                                if hosts else ""))
+        raise UsageError(f"--procs {args.procs} must be 1 to {MAX_RANKS}"
+                         + (f" and match the {len(hosts)} slots of --hosts" if hosts else ""))
     job = Job(world=args.procs or len(hosts) or None, in_place=args.in_place)
     logs = [read_log(path, job) for path in args.logs]
+    for log in logs:
+        if log.world and job.world and log.world != job.world:
+            raise UsageError(f"{log.path}: the log ran {log.world} ranks, not the {job.world} of --procs/--hosts")
     meta = write_run(args.out, logs, hosts, args.link, args.in_place, sys.argv)
     for log in logs:
         for line in log.skipped:

@@ -19,6 +19,7 @@ from microbench.provenance import STEAL_WARN
 from microbench.sizes import MAX_BYTES
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
+from microbench.threads import GPU_BACKENDS
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
          "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node", "launches", "launch_spread")
@@ -174,6 +175,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     sizes = records.byte_sizes(pts["requested_bytes"]) & records.byte_sizes(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),
+        ("not a known backend", pts["backend"].isna() | pts["backend"].isin(["mpi", *GPU_BACKENDS])),
         ("not a link class", pts["link"].map(is_link)),
         ("no dtype", pts["dtype"].map(lambda v: isinstance(v, str))),
         ("a dtype of unknown size", pts["dtype"].map(known_dtype)),

@@ -124,11 +124,15 @@ def conditions(options: dict, where: str = "run.json") -> dict:
     the choice reused warm buffers), the idle gap before each call in ms and the N of the N x N GEMM run before
     each call (before these: none). Runs that differ in these neither resume nor fit together."""
     try:
-        return {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0)),
-                "after_gemm": int(options.get("after_gemm", 0))}
-    except (AttributeError, TypeError, ValueError):
-        raise UsageError(f"{where}: key 'options' does not hold a sweep's options (cache, gap_ms, after_gemm)") \
-            from None
+        found = {"cache": str(options.get("cache", "warm")), "gap_ms": float(options.get("gap_ms", 0.0)),
+                 "after_gemm": int(options.get("after_gemm", 0))}
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        found = None
+    if found is None or found["cache"] not in ("cold", "warm") or not 0 <= found["gap_ms"] < math.inf \
+            or found["after_gemm"] < 0:
+        raise UsageError(f"{where}: key 'options' does not hold a sweep's options (cache cold or warm, gap_ms and "
+                         f"after_gemm >= 0)")
+    return found
 
 
 def timing_method(meta: dict) -> str:

@@ -63,6 +63,8 @@ CASES = {
     "fit_over_its_run": (["fit", str(RUN), "--out", str(RUN / "run.json")], "would overwrite the input"),
     "no_ranks_per_node": (["search", "{cal}", "--model", "linear:m=64,k=64,n=64", "--mesh", "2x2",
                            "--ranks-per-node", "0"], "--ranks-per-node must be 1 or more"),
+    "strategy_option_unknown": (["predict", "{cal}", "--layer", "linear:m=64,k=64,n=64", "--strategy", "m.n/xx",
+                                 "--mesh", "2x2"], "the only option after '/' is ws"),
     "negative_head_dim": (["search", "{cal}", "--model", "transformer:head_dim=-1", "--mesh", "2"], "head_dim"),
     "transformer_density_nan": (["search", "{cal}", "--model", "transformer:vocab=10,density=nan", "--mesh", "2"],
                                 "density"),
@@ -76,7 +78,8 @@ SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(s
 def test_one_line_and_exit_2(name, cal, tmp_path, capsys):
     argv, says = CASES[name]
     fill = {"{cal}": str(cal), "{tmp}": str(tmp_path)}
-    fill |= {f"{{spec:{k}}}": str(spec_with(tmp_path, change)) for k, change in SPECS.items() if f"{{spec:{k}}}" in argv}
+    fill |= {f"{{spec:{k}}}": str(spec_with(tmp_path, change)) for k, change in SPECS.items()
+             if f"{{spec:{k}}}" in argv}
     args = [fill.get(a, a.replace("{tmp}", str(tmp_path))) for a in argv]
     code, out, err = run_main(capsys, args)
     assert code == 2 and err.count("\n") == 1 and says in err, (code, err)

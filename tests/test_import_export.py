@@ -168,6 +168,10 @@ def test_nccl_tests_text_and_json(capsys, tmp_path):
     ('{"version": 3, "args": ["all_reduce_perf"], "config": {"devices": [{"rank": 0, "hostname": "a"}]}, '
      '"results": [{"size": 8, "type": "float", "out_of_place": {"time": 1.0}, '
      '"out_of_place_per_iter": {"times_us": ["a"]}}]}', [], ":1:", "times_us is not a list of times above 0"),
+    ('{"version": 3, "args": ["all_reduce_perf"], "config": {"devices": [{"rank": 0, "hostname": "a"}]}, '
+     '"results": [{"size": -5, "type": "float", "out_of_place": {"time": 1.0}}]}', [], ":1:", "not what a run holds"),
+    ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n8   1e308\n", ["--link", "intra"], ":3:",
+     "a time outside"),
     ('{"nccl_version": 1, "results": ' + '[' * 100000 + ']' * 100000 + '}', [], ":", "truncated or corrupt "
      "nccl-tests JSON"),
 ])
@@ -184,6 +188,7 @@ def test_unreadable_logs_are_one_line_naming_file_and_line(capsys, tmp_path, con
     (["--hosts", "a:99999999999"], "new", "--hosts: more than"),
     (["--link", "intra", "--procs", "9" * 20], "new", "--procs 99999999999999999999 must be 1 to"),
     (["--link", "intra"], "a file", "exists and is not a directory"),
+    (["--procs", "8", "--log", "nccl"], "new", "the log ran 2 ranks, not the 8"),
     (["--link", "intra"], "/proc/commcal", "cannot create the run directory"),
 ])
 def test_import_refuses_what_no_run_holds_in_one_line(capsys, tmp_path, flags, out, says):
@@ -191,7 +196,9 @@ def test_import_refuses_what_no_run_holds_in_one_line(capsys, tmp_path, flags, o
     path = Path(out) if out.startswith("/") else tmp_path / "out"
     if out == "a file":
         path.write_text("a file")
-    code, stdout, err = run_main(capsys, ["import", str(OSU / "osu_latency.txt"), "--out", str(path), *flags])
+    log = NCCL / "all_reduce_perf-1node-2ranks.txt" if "--log" in flags else OSU / "osu_latency.txt"
+    flags = flags[:flags.index("--log")] if "--log" in flags else flags
+    code, stdout, err = run_main(capsys, ["import", str(log), "--out", str(path), *flags])
     assert code == 2 and stdout == "" and err.count("\n") == 1 and says in err, err
     assert not (path / "run.json").exists()
 

@@ -354,6 +354,7 @@ RUN_CASES = [
         hosts=5, versions=[1], cpu_steal="high", mpi_library_version=7, start_time=None, ranks_per_node="x",
         run_id=12, backend=None, page_policy=3, environment="x", layout={"a": 1}, machine=["m"]))),
     Case("run_json_bad_options", run_json(put(options="fast"))),
+    Case("run_json_options_out_of_range", run_json(put(options={"cache": "hot", "gap_ms": -5, "after_gemm": -1}))),
     Case("run_json_control_characters", run_json(put(mpi_library_version="Open MPI v5\x00\x07", machine="node\x00",
                                                      hosts=["a\x1b[31m"]))),
     Case("run_json_other_version", run_json(put(version=99))),

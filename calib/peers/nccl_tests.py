@@ -72,7 +72,8 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
             if op is None:
                 raise fail(path, header_at, "nccl-tests log does not name its test (no '# Collective test "
                                             "starting:' line)")
-            points.append(_text_row(path, i, line.split(), names, op, len(hosts), job.in_place))
+            point = _text_row(path, i, line.split(), names, op, len(hosts), job.in_place)
+            points += [point] if point is not None else []
     if names is None or not points:
         raise fail(path, header_at, "nccl-tests log with no result rows")
     ranks = tuple(hosts[r] for r in sorted(hosts))
@@ -81,8 +82,9 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
 
 
 def _text_row(path: Path, i: int, cells: list[str], names: list[str], op: str, procs: int,
-              in_place: bool) -> PeerPoint:
-    """One result row; the time, #wrong of the out-of-place (or in-place) half."""
+              in_place: bool) -> PeerPoint | None:
+    """One result row; the time, #wrong of the out-of-place (or in-place) half; None for a row of 0 bytes (-b 0:
+    no message to time)."""
     if procs < 1:
         raise fail(path, i, "nccl-tests result row before the '#  Rank ...' lines that say how many ranks ran")
     if len(cells) < len(names):
@@ -93,6 +95,8 @@ def _text_row(path: Path, i: int, cells: list[str], names: list[str], op: str, p
     if len(times) <= half or len(wrongs) <= half:
         raise fail(path, i, f"no {'in-place' if in_place else 'out-of-place'} time and #wrong columns")
     size = whole(path, i, cells[0], "size")
+    if size == 0:
+        return None
     seconds = number(path, i, cells[times[half]], "time") * 1e-6
     wrong = cells[wrongs[half]]
     return PeerPoint(op, procs, size, _dtype(path, i, cells[2]), seconds, i,
@@ -149,6 +153,8 @@ def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
         if not isinstance(times or [], list) or not all(_positive(t) for t in times or []):
             raise fail(path, 1, f"results[{k}].{half}_per_iter.times_us is not a list of times above 0")
         samples = tuple(float(t) * 1e-6 for t in times or ())
+        if row["size"] == 0:   # nccl-tests' -b 0 row: no message to time, as OSU and IMB's size 0
+            continue
         per_iteration |= bool(samples)
         wrong = result.get("nwrong")
         wrong = int(wrong) if isinstance(wrong, (int, float)) else 0

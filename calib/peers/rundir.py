@@ -32,6 +32,8 @@ class Placement:
     ranks_per_node: int
 
 
+MAX_SECONDS = 1e6
+"""The longest time a log's call may take (11.6 days: the fit's own bound on a sample)."""
 MAX_RANKS = 1 << 20
 """The most ranks a host list may place (each rank's host is held in memory)."""
 
@@ -131,9 +133,11 @@ def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link
     for log in logs:
         ranks = log.hosts or hosts
         for p in log.points:
-            if p.procs > MAX_RANKS or p.size_bytes > MAX_BYTES:
-                raise fail(log.path, p.line, f"{p.procs} processes and {p.size_bytes} bytes: more than a run holds "
-                                             f"({MAX_RANKS} processes, {MAX_BYTES} bytes)")
+            if not (1 <= p.procs <= MAX_RANKS and 1 <= p.size_bytes <= MAX_BYTES):
+                raise fail(log.path, p.line, f"{p.procs} processes and {p.size_bytes} bytes: not what a run holds "
+                                             f"(1 to {MAX_RANKS} processes, 1 to {MAX_BYTES} bytes)")
+            if not all(0 < t <= MAX_SECONDS for t in (p.seconds, *p.samples)):
+                raise fail(log.path, p.line, f"a time outside 0 to {MAX_SECONDS:g} s")
             where = placement(p.procs, log.hosts or hosts, link, f"{log.path}:{p.line}")
             summary, samples = _summary(run_id, log, p, where, in_place)
             if summary.point_id in seen:
