@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from microbench.errors import UsageError
+from microbench.limits import MAX_RANKS
 from microbench.links import link_of
 
 
@@ -118,8 +119,6 @@ class Mesh:
 MAX_AXES = 5
 """The most axes a mesh may have: each axis multiplies a layer's strategies (their SBP placements per axis) and with
 them the time to search or price it."""
-MAX_DEVICES = 1 << 20
-"""The most devices a mesh may have (its rank groups are held in memory)."""
 
 
 def parse_mesh(text: str, ranks_per_node: int | None = None, devices: int | None = None) -> Mesh:
@@ -132,8 +131,8 @@ def parse_mesh(text: str, ranks_per_node: int | None = None, devices: int | None
         raise UsageError(f"--ranks-per-node must be 1 or more, not {ranks_per_node}")
     if len(shape) > MAX_AXES:
         raise UsageError(f"mesh {text} has {len(shape)} axes; commcal searches meshes of up to {MAX_AXES}")
-    if any(n > MAX_DEVICES for n in shape) or math.prod(shape) > MAX_DEVICES:
-        raise UsageError(f"mesh {text} has more than {MAX_DEVICES} devices")
+    if any(n > MAX_RANKS for n in shape) or math.prod(shape) > MAX_RANKS:
+        raise UsageError(f"mesh {text} has more than {MAX_RANKS} devices")
     if devices is not None and math.prod(shape) != devices:
         raise UsageError(f"mesh {text} has {math.prod(shape)} devices, not the {devices} devices asked for")
     return Mesh(shape, ranks_per_node or shape[-1])

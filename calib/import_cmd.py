@@ -8,8 +8,9 @@ import sys
 
 from calib.peers import read_log
 from calib.peers.model import Job
-from calib.peers.rundir import MAX_RANKS, parse_hosts, write_run
+from calib.peers.rundir import parse_hosts, write_run
 from microbench.errors import UsageError
+from microbench.limits import MAX_RANKS
 from microbench.links import LINK_CLASSES
 
 

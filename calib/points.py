@@ -16,14 +16,14 @@ from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS, known_dtype
 from microbench.provenance import STEAL_WARN
-from microbench.sizes import MAX_BYTES
+from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
 from microbench.threads import GPU_BACKENDS
 
 _KEEP = ("run_id", "point_id", "backend", "op", "link", "nodes", "ranks_per_node", "procs", "requested_bytes",
          "size_bytes", "dtype", "flops", "wrong", "groups", "groups_per_node", "launches", "launch_spread")
-SECONDS = (1e-12, 1e6)
+SECONDS = (1e-12, MAX_SECONDS)
 """The samples a fit uses: times a timed call can take, a picosecond to 11.6 days. Samples outside (zero or negative
 times, or absurd ones from a file edited by hand) are left out, and so are points left with none: the fit weighs each
 point by 1/t^2, which floats do not hold far outside this range."""
@@ -171,7 +171,7 @@ def _usable(pts: pd.DataFrame, sampled: pd.Index, run_dir: Path) -> tuple[pd.Dat
     samples (their ids in `sampled`, all in SECONDS); one line per reason others were left out."""
     pts = records.as_numbers(pts, _NUMBERS)
     counts = pd.concat([records.whole(pts[c], 1) for c in _COUNTS], axis=1).all(axis=1)
-    counts &= pd.concat([pts[c] <= records.MAX_COUNT for c in _COUNTS], axis=1).all(axis=1)
+    counts &= pd.concat([pts[c] <= MAX_COUNT for c in _COUNTS], axis=1).all(axis=1)
     sizes = records.byte_sizes(pts["requested_bytes"]) & records.byte_sizes(pts["size_bytes"])
     pts, notes = records.screen(pts, [
         ("not a known operation", pts["op"].isin(list(OPS))),

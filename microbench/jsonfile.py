@@ -9,10 +9,7 @@ import math
 from pathlib import Path
 
 from microbench.errors import UsageError
-
-
-MAX_JSON_BYTES = 256 << 20
-"""The largest JSON file a reader takes (a calibration or a point record is kilobytes; /dev/zero is endless)."""
+from microbench.limits import MAX_FILE_BYTES
 
 
 def strict_json(obj, **kwargs) -> str:
@@ -47,11 +44,11 @@ def read_json(path, what: str, shown=None, finite: bool = True):
     p, shown = Path(path), path if shown is None else shown
     try:
         with open(p, "rb") as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{shown}: cannot read {what} ({exc.strerror or exc})") from None
-    if len(raw) > MAX_JSON_BYTES:
-        raise UsageError(f"{shown}: not a {what}: more than {MAX_JSON_BYTES >> 20} MiB of JSON")
+    if len(raw) > MAX_FILE_BYTES:
+        raise UsageError(f"{shown}: not a {what}: more than {MAX_FILE_BYTES >> 20} MiB of JSON")
     try:
         return json.loads(raw.decode("utf-8"), parse_int=_bounded_int,
                           **({"parse_constant": _reject_constant} if finite else {}))

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from microbench.errors import UsageError
+from microbench.limits import MAX_RANKS
 from microbench.links import link_level
 from microbench.schedule import round_count
 from microbench.stats import StopRule, median_ci_ranks
@@ -132,10 +133,6 @@ def scan_estimate(nodes: int, sizes: list[int], rounds: int, rule: StopRule, mac
                     launch + sum(visits), launch)
 
 
-MAX_DRY_RANKS = 1 << 20
-"""The most ranks (--nodes x --gpus-per-node) a dry run plans."""
-
-
 def add_arguments(p: argparse.ArgumentParser, ranks_help: str) -> None:
     """--dry-run and what it plans for: the allocation's shape and time limit, and the assumed network."""
     p.add_argument("--dry-run", action="store_true",
@@ -171,8 +168,8 @@ def dry_run(args: argparse.Namespace) -> DryRun:
         raise UsageError("--dry-run needs --nodes N (1 or more)")
     if args.gpus_per_node < 1:
         raise UsageError("--gpus-per-node must be 1 or more")
-    if args.nodes * args.gpus_per_node > MAX_DRY_RANKS:
-        raise UsageError(f"--dry-run plans up to {MAX_DRY_RANKS} ranks, not {args.nodes} x {args.gpus_per_node}")
+    if args.nodes * args.gpus_per_node > MAX_RANKS:
+        raise UsageError(f"--dry-run plans up to {MAX_RANKS} ranks, not {args.nodes} x {args.gpus_per_node}")
     if not (1e-9 <= args.assume_latency_us <= 1e9 and 1e-9 <= args.assume_bandwidth <= 1e9):
         raise UsageError("--assume-latency-us and --assume-bandwidth must lie in 1e-9 to 1e9")
     limit = parse_duration(args.time_limit) if args.time_limit else None

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
-from microbench.sizes import MAX_BYTES
+from microbench.limits import MAX_BYTES, MAX_COUNT
 
 RUN_SCHEMA = "commcal.run"
 RUN_SCHEMA_VERSION = 1
@@ -110,8 +110,6 @@ SUMMARY_COLUMNS = tuple(PointSummary.__dataclass_fields__)
 ADDED_COLUMNS = {"groups": 1, "groups_per_node": 1, "rounds": 1, "round_spread": 0.0, "launches": 1,
                  "launch_spread": 0.0}
 """Summary columns added after the first runs were written, with the value those runs meant."""
-MAX_COUNT = 2 ** 62
-"""The largest count (ranks, groups, rounds) a reader takes from a file; beyond it no int64 holds the arithmetic."""
 SAMPLE_COLUMNS = ("run_id", "point_id", "iteration", "time_s", "round", "launch")
 """samples: time_s is one timed iteration, the max over the participating ranks; round is the visit (0-based)
 it was taken in, launch the MPI launch (0: the run's first, k: its k-th resumption). Runs written before either

@@ -24,7 +24,7 @@ from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
 from microbench.outliers import Rule, Verdict, judge_nodes, judge_pairs
 from microbench.records import read_meta, read_parquet
-from microbench.sizes import MAX_BYTES
+from microbench.limits import MAX_BYTES
 from microbench.stats import StopRule
 
 SCAN_SCHEMA = "commcal.scan"

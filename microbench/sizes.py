@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 
 from microbench.errors import UsageError
+from microbench.limits import MAX_BYTES
 
-MAX_BYTES = 2 ** 53
-"""The largest message or operand size in bytes commcal takes (8 PiB; above it floats lose whole bytes)."""
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 

@@ -13,7 +13,7 @@ from microbench.ops import OPS, known_dtype
 from microbench.links import is_link
 from microbench.records import (as_numbers, byte_sizes, load_summary, points_note, positive, read_run_json,
                                screen, whole)
-from microbench.sizes import MAX_BYTES
+from microbench.limits import MAX_BYTES
 
 NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
 CI = ("ci_low_s", "ci_high_s")

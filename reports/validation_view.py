@@ -31,14 +31,13 @@ import pandas as pd
 
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
+from microbench.limits import MAX_SECONDS
 from microbench.stats import SPEED_GAP
 from reports import provenance
 from reports.document import Note, Section, Table, Text
 from reports.plotting import COLORS, log_values, new_figure, save_figure
 
 REQUIRED = ("layer", "strategy", "predicted_s", "measured_s")
-MAX_STEP_S = 1e6
-"""The longest step time a strategies table may hold (11.6 days), as the run readers' samples."""
 OPTIONAL = ("predicted_low_s", "predicted_high_s", "measured_ci_low_s", "measured_ci_high_s",
             "predicted_comm_s", "measured_comm_s")
 METRICS = {"kendall_tau": ("Kendall's tau", (-1, 1)), "top1": ("top-1 accuracy", (0, 1)),
@@ -219,8 +218,8 @@ def _read_strategies(path: Path) -> pd.DataFrame:
         if bad or (col in REQUIRED and values.isna().any()):
             raise UsageError(f"{path}: strategies column {col} must hold finite numbers"
                              + ("" if col in REQUIRED else " (or be empty where unknown)"))
-        if col.endswith("_s") and not values.dropna().between(0, MAX_STEP_S).all():
-            raise UsageError(f"{path}: strategies column {col} must hold times of 0 to {MAX_STEP_S:g} s")
+        if col.endswith("_s") and not values.dropna().between(0, MAX_SECONDS).all():
+            raise UsageError(f"{path}: strategies column {col} must hold times of 0 to {MAX_SECONDS:g} s")
     return frame.astype({"layer": str, "strategy": str})
 
 

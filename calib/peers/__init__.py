@@ -7,14 +7,11 @@ from pathlib import Path
 
 from calib.peers import imb, nccl_tests, osu
 from calib.peers.model import Job, PeerLog, fail
+from microbench.limits import MAX_FILE_BYTES
 
 READERS = (nccl_tests.read_json, nccl_tests.read_text, osu.read_text, imb.read_text)
 """Each returns None when the text is not its peer's, a PeerLog when it is, and raises (file:line) when it is its
 peer's but malformed."""
-
-
-MAX_LOG_BYTES = 256 << 20
-"""The largest log import reads (a peer's table is kilobytes, nccl-tests' per-iteration JSON megabytes)."""
 
 
 def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
@@ -23,11 +20,11 @@ def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
     path = Path(path)
     try:
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_LOG_BYTES + 1)
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise fail(path, 0, f"cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_LOG_BYTES:
-        raise fail(path, 0, f"more than {MAX_LOG_BYTES >> 20} MiB: not a benchmark's log")
+    if len(raw) > MAX_FILE_BYTES:
+        raise fail(path, 0, f"more than {MAX_FILE_BYTES >> 20} MiB: not a benchmark's log")
     text = raw.decode("utf-8", errors="replace")
     for reader in READERS:
         log = reader(path, text, job)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from microbench.methods import METHODS
 from microbench.errors import UsageError
-from microbench.records import MAX_COUNT
+from microbench.limits import MAX_COUNT
 
 ITEMSIZE = {"int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4,
             "int64": 8, "uint64": 8, "float64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}

@@ -18,7 +18,7 @@ from microbench.errors import UsageError
 from microbench.ops import OPS
 from microbench.links import LINK_CLASSES, link_of
 from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
-from microbench.sizes import MAX_BYTES
+from microbench.limits import MAX_BYTES, MAX_RANKS, MAX_SECONDS
 from microbench.stats import estimate
 from microbench.store import RunStore
 
@@ -30,12 +30,6 @@ class Placement:
     link: str
     nodes: int
     ranks_per_node: int
-
-
-MAX_SECONDS = 1e6
-"""The longest time a log's call may take (11.6 days: the fit's own bound on a sample)."""
-MAX_RANKS = 1 << 20
-"""The most ranks a host list may place (each rank's host is held in memory)."""
 
 
 def parse_hosts(text: str) -> tuple[str, ...]:
