@@ -15,7 +15,7 @@ from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
 from microbench.stats import StopRule
-from microbench.switches import Topology, discover
+from microbench.switches import Topology, discover, read_topology
 from microbench.threads import LEVELS, choose, record
 from microbench.topology import parse_links, parse_procs
 
@@ -193,13 +193,14 @@ def print_plan(args: argparse.Namespace) -> int:
     estimated time, and how it splits into allocations of --time-limit."""
     dry = plan.dry_run(args)
     world = dry.nodes * dry.per_node
-    cfg = build_config(args, world, {})
+    nodes, topology = _dry_nodes(args.topology, dry.nodes)
+    cfg = build_config(args, world, {}, topology)
     import mpi4py
 
     mpi4py.rc.initialize = mpi4py.rc.finalize = False
     from microbench import sweep
 
-    points = sweep.plan(cfg, [f"node{i}" for i in range(dry.nodes) for _ in range(dry.per_node)])
+    points = sweep.plan(cfg, [node for node in nodes for _ in range(dry.per_node)])
     est = plan.sweep_estimate(points, cfg.rounds, cfg.retries, cfg.rule, dry.machine, world)
     print(f"commcal sweep --dry-run: {dry.nodes} nodes x {dry.per_node} ranks, {len(points)} points "
           f"({len(cfg.ops)} operations, {len(cfg.sizes)} sizes, process counts {','.join(map(str, cfg.procs))}, "
@@ -207,6 +208,18 @@ def print_plan(args: argparse.Namespace) -> int:
     print("\n".join(plan.report(est, dry.limit_s, f"sbatch --array=0-{{tasks}}%1 -N {dry.nodes} --ntasks-per-node="
                                  f"{dry.per_node} -t {{limit}} slurm/sweep.sh   (one task at a time, each resuming)")))
     return 0
+
+
+def _dry_nodes(path: str | None, count: int) -> tuple[list[str], Topology]:
+    """The dry run's nodes and their switch levels: the first `count` nodes --topology's file names, in its order;
+    without a file, `count` made-up names on a flat network."""
+    if not path:
+        return [f"node{i}" for i in range(count)], Topology()
+    topology = read_topology(path)
+    named = [n for group in topology.levels[0] for n in group]
+    if count > len(named):
+        raise UsageError(f"--nodes {count}: the topology ({path}) names only {len(named)} nodes")
+    return named[:count], topology.restrict(named[:count])
 
 
 def _topology(path: str | None, hosts: list[str]) -> Topology | str:

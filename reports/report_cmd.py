@@ -18,9 +18,11 @@ from reports.runs import load_runs
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", action="append", default=[], metavar="DIR",
                         help="a sweep run directory (repeatable)")
-    parser.add_argument("--calibration", metavar="CAL", help="a calibration JSON from `commcal fit`")
-    parser.add_argument("--validation", metavar="DIR", help="a validation directory from `commcal validate`")
-    parser.add_argument("--scan", metavar="DIR", help="a scan directory from `commcal scan` (a --run DIR holding a "
+    parser.add_argument("--calibration", action="append", default=[], metavar="CAL",
+                        help="a calibration JSON from `commcal fit`")
+    parser.add_argument("--validation", action="append", default=[], metavar="DIR",
+                        help="a validation directory from `commcal validate`")
+    parser.add_argument("--scan", action="append", default=[], metavar="DIR", help="a scan directory from `commcal scan` (a --run DIR holding a "
                                                      "scan counts as this)")
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="where report.html, report.md and figures/ go")
     parser.add_argument("--title", default="commcal report", help="the report's title")
@@ -66,11 +68,19 @@ def write(doc: Document, out: Path) -> tuple[Path, Path]:
     return html, md
 
 
+def _one(given: list[str], option: str) -> str | None:
+    """The one value of an option a report takes once (argparse would keep the last silently)."""
+    if len(given) > 1:
+        raise UsageError(f"one {option.split()[0][2:]} per report: give {option} once, not {len(given)} times")
+    return given[0] if given else None
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
-    doc = build(args.run, args.calibration, args.validation, out, args.title, args.scan)
+    doc = build(args.run, _one(args.calibration, "--calibration CAL"), _one(args.validation, "--validation DIR"), out,
+                args.title, _one(args.scan, "--scan DIR"))
     html, md = write(doc, out)
     print(f"wrote {html} and {md}")
     return 0

@@ -68,6 +68,9 @@ CASES = {
     "negative_head_dim": (["search", "{cal}", "--model", "transformer:head_dim=-1", "--mesh", "2"], "head_dim"),
     "transformer_density_nan": (["search", "{cal}", "--model", "transformer:vocab=10,density=nan", "--mesh", "2"],
                                 "density"),
+    "report_two_calibrations": (["report", "--calibration", "{cal}", "--calibration", "{cal}", "--out", "{tmp}/r"],
+                                "give --calibration CAL once"),
+    "report_two_scans": (["report", "--scan", "{tmp}", "--scan", "{tmp}", "--out", "{tmp}/r"], "give --scan DIR once"),
 }
 SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(sources=5),
          "eff": tier(efficiency=1e-320), "version": lambda spec: spec.update(version=True),

@@ -80,6 +80,20 @@ def test_topology_file_errors_are_one_line(tmp_path):
         Topology("t", RACKS).restrict(["node1", "node9"])
 
 
+def test_a_dry_run_plans_the_levels_of_its_topology_file(tmp_path):
+    conf = tmp_path / "topology.conf"
+    conf.write_text(CONF)
+    args = ["sweep", "--dry-run", "--quick", "--ops", "allreduce", "--links", "inter,inter2"]
+    racked = run_cli([*args, "--nodes", "4", "--topology", str(conf)], timeout=60)
+    flat = run_cli([*args, "--nodes", "4"], timeout=60)
+    assert racked.returncode == 0 == flat.returncode, racked.stderr + flat.stderr
+    points = lambda out: int(out.split(" points (")[0].rsplit(", ", 1)[1])     # noqa: E731
+    assert points(flat.stdout) > 0 and points(racked.stdout) > points(flat.stdout)   # inter2 only across racks
+    assert "links inter,inter2" in racked.stdout
+    short = run_cli([*args, "--nodes", "5", "--topology", str(conf)], timeout=60)
+    assert short.returncode == 2 and short.stderr.count("\n") == 1 and "names only 4 nodes" in short.stderr
+
+
 def test_each_level_is_measured_by_a_group_that_crosses_exactly_it():
     topo = Topology("t", RACKS).restrict(HOSTS)
     assert parse_links(None, topo.height) == ["intra", "inter", "inter2", "spread"]
