@@ -138,7 +138,12 @@ class Pricer:
 
     def price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
         """(communication seconds, compute seconds) of each list of steps, priced in one vectorised pass
-        per (op, axis); a step's layout copies count where the harness measures them."""
+        per (op, axis); a step's layout copies count where the harness measures them. A sum past a double's
+        range prices inf (the caller refuses it), without numpy's overflow warning."""
+        with np.errstate(over="ignore"):
+            return self._price(step_lists)
+
+    def _price(self, step_lists) -> tuple[np.ndarray, np.ndarray]:
         groups: dict[tuple[str, int, bool], tuple[list, list]] = defaultdict(lambda: ([], []))
         comm, compute = np.zeros(len(step_lists)), np.zeros(len(step_lists))
         for i, steps in enumerate(step_lists):

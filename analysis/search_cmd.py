@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [o.layer.name for o in tables.options if not (o.time_s < float("inf")).any()]
     if bad:
         reason = tables.options[[o.layer.name for o in tables.options].index(bad[0])].schedules[0].reason
+        reason = reason or "every strategy prices at infinity (the calibration's latencies or rates overflow a double)"
         raise UsageError(f"no strategy of layer {bad[0]} fits mesh {args.mesh}: {reason}")
     choice, lam = optimum(tables, cap)
     if choice is None:

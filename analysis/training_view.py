@@ -89,6 +89,11 @@ def run_search(args: argparse.Namespace, calibration) -> int:
     over = sum(1 for s in steps if not s.feasible and s.memory is not None)
     others = [s.reason for s in steps if not s.feasible and s.memory is None]
     fallbacks = report_fallbacks(tp.fallbacks(), args.calibration, args.strict)
+    if not steps:
+        m = tp.model
+        raise UsageError(f"no configuration of {m.name} fits {tp.devices} devices: no split t x p x d of them with t "
+                         f"dividing its {m.heads} heads and {m.ffn} ffn, p its {m.layers} layers and d its batch of "
+                         f"{m.batch}")
     if not ok:
         why = f"{over} over device memory" + (f"; e.g. {others[0]}" if others else "")
         raise UsageError(f"no configuration of {tp.model.name} fits {tp.devices} devices ({len(steps)} tried: {why})")

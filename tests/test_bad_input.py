@@ -70,6 +70,10 @@ CASES = {
                                 "density"),
     "report_two_calibrations": (["report", "--calibration", "{cal}", "--calibration", "{cal}", "--out", "{tmp}/r"],
                                 "give --calibration CAL once"),
+    "search_prices_overflowing": (["search", "{cal:inf_gemm}", "--model", "linear:m=64,k=64,n=64", "--mesh", "2x2"],
+                                  "prices at infinity"),
+    "search_devices_no_split_divides": (["search", "{cal}", "--model", "gpt3-175b", "--devices", "4480",
+                                         "--gpus-per-node", "8"], "no split t x p x d"),
     "report_two_scans": (["report", "--scan", "{tmp}", "--scan", "{tmp}", "--out", "{tmp}/r"], "give --scan DIR once"),
 }
 SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(sources=5),
@@ -83,6 +87,11 @@ def test_one_line_and_exit_2(name, cal, tmp_path, capsys):
     fill = {"{cal}": str(cal), "{tmp}": str(tmp_path)}
     fill |= {f"{{spec:{k}}}": str(spec_with(tmp_path, change)) for k, change in SPECS.items()
              if f"{{spec:{k}}}" in argv}
+    if "{cal:inf_gemm}" in argv:        # schema-valid, and every GEMM's price overflows a double
+        data = json.loads(cal.read_text())
+        data["compute"]["gemm"]["float32"]["latency_s"] = 1e308
+        fill["{cal:inf_gemm}"] = str(tmp_path / "inf.json")
+        (tmp_path / "inf.json").write_text(json.dumps(data))
     args = [fill.get(a, a.replace("{tmp}", str(tmp_path))) for a in argv]
     code, out, err = run_main(capsys, args)
     assert code == 2 and err.count("\n") == 1 and says in err, (code, err)
