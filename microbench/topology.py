@@ -4,6 +4,7 @@ list of every world rank's hostname and the job's switch tree (microbench.switch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from microbench.errors import UsageError
 from microbench.links import is_link, link_level, links_for
@@ -21,12 +22,18 @@ class Group:
     ranks: tuple[int, ...]
 
 
-def nodes_of(hosts: list[str]) -> list[list[int]]:
+def nodes_of(hosts: list[str]) -> tuple[tuple[int, ...], ...]:
     """World ranks per node, nodes ordered by their lowest rank (rank 0's node first)."""
+    return _nodes_of(tuple(hosts))
+
+
+@lru_cache(maxsize=4)
+def _nodes_of(hosts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """nodes_of, kept for the job's one host list: a plan asks it once per group, and a job may hold 2^20 ranks."""
     by_host: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
         by_host.setdefault(host, []).append(rank)
-    return list(by_host.values())
+    return tuple(tuple(ranks) for ranks in by_host.values())
 
 
 def level_nodes(level: int, procs: int, hosts: list[str], topo: Topology = Topology()) -> list[str] | None:
