@@ -73,3 +73,12 @@ def run_cli(args: list[str], timeout: float = 300, **kw) -> subprocess.Completed
     """Run `commcal ARGS` as one plain process."""
     return subprocess.run([*commcal_argv(), *args], env=kw.pop("env", None) or mpi_env(), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture
+def laid_out_only(monkeypatch):
+    """Figures laid out (every artist drawn) but not encoded: an empty file where the PNG or SVG would be. For tests
+    of what a report says and whether drawing it warns, not of the image files."""
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: Path(path).write_bytes(b""))

@@ -104,7 +104,7 @@ def test_imb_blocks_become_points_with_their_process_counts(capsys, tmp_path):
         pytest.approx(215750.64e-6)
 
 
-def test_fixtures_import_fit_and_report_without_warnings_about_the_import(capsys, tmp_path):
+def test_fixtures_import_fit_and_report_without_warnings_about_the_import(capsys, tmp_path, laid_out_only):
     """The OSU and IMB fixtures go through import, fit and report with no Python warning and no fit note about
     the runs themselves (points left out, unusable samples); the report names the peer."""
     with warnings.catch_warnings():

@@ -25,7 +25,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from matplotlib.figure import Figure
 
 from analysis import validate_cmd, validate_plan
 from analysis.mesh import parse_mesh
@@ -504,12 +503,6 @@ def base_cal(base_run, tmp_path_factory) -> Path:
     fitted = commcal("fit", base_run, "--out", out, "--quiet")
     assert fitted.code == 0, fitted.stderr
     return out
-
-
-@pytest.fixture
-def laid_out_only(monkeypatch):
-    """Figures laid out (every artist drawn) but not encoded: an empty file where the PNG or SVG would be."""
-    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: Path(path).write_bytes(b""))
 
 
 def test_a_real_sweep_writes_intervals_that_obey_the_rule_and_a_clean_mpi_banner(base_run):
