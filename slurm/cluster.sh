@@ -4,10 +4,13 @@
 # Slurm (munged, slurmctld, one slurmd per node) and reachable by plain mpirun. Needs root.
 #
 #   slurm/cluster.sh up [--nodes N] [--rate RATE] [--cpus C] [--no-slurm] [--racks R [--rack-rate RATE]]
+#                      [--tcp-keep-cwnd]
 #                                  bring it up (default 2 nodes, no rate limit, 2 CPUs per node); --racks:
 #                                  the nodes in R racks (consecutive nodes per rack), each rack's nodes on
 #                                  its own bridge, racks joined through a router namespace whose link into
-#                                  each rack is rate-limited at --rack-rate; writes a Slurm topology.conf
+#                                  each rack is rate-limited at --rack-rate; writes a Slurm topology.conf;
+#                                  --tcp-keep-cwnd: TCP keeps its congestion window over idle time
+#                                  (tcp_slow_start_after_idle=0, a tuning; default: the kernel's setting)
 #   slurm/cluster.sh down          stop everything it started and delete it (safe to run twice)
 #   slurm/cluster.sh status        namespaces, daemons, sinfo
 #   slurm/cluster.sh rate NODE RATE|none   change one running node's token bucket (e.g. rate node3 150mbit:
@@ -101,7 +104,7 @@ mpi_defaults() {
 cmd_up() {
   need_root
   local nodes=${COMMCAL_CLUSTER_NODES:-2} rate=${COMMCAL_CLUSTER_RATE:-} cpus=${COMMCAL_CLUSTER_CPUS:-2} slurm=1
-  local racks=0 rack_rate=
+  local racks=0 rack_rate= keep_cwnd=0
   while [ $# -gt 0 ]; do
     case $1 in
       --racks) racks=$2; shift 2 ;;
@@ -110,7 +113,8 @@ cmd_up() {
       --rate) rate=$2; shift 2 ;;
       --cpus) cpus=$2; shift 2 ;;
       --no-slurm) slurm=0; shift ;;
-      *) die "up: unknown option '$1' (--nodes N --rate RATE --cpus C --no-slurm --racks R --rack-rate RATE)" ;;
+      --tcp-keep-cwnd) keep_cwnd=1; shift ;;
+      *) die "up: unknown option '$1' (--nodes N --rate RATE --cpus C --no-slurm --racks R --rack-rate RATE --tcp-keep-cwnd)" ;;
     esac
   done
   [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 200 ] || die "--nodes must be 1..200"
@@ -135,7 +139,7 @@ cmd_up() {
   if [ "$racks" -gt 0 ] && ip route show "$RACKS_NET" | grep -qv '^unreachable'; then
     die "the root namespace already routes $RACKS_NET; refusing to shadow it"
   fi
-  NODES_UP=$nodes CPUS_UP=$cpus RACKS=$racks
+  NODES_UP=$nodes CPUS_UP=$cpus RACKS=$racks KEEP_CWND=$keep_cwnd
   # From here on, any failure (or interruption) tears down what was started.
   UP_DONE=0
   trap 'if [ "$UP_DONE" = 0 ]; then log "up failed; tearing down"; cmd_down >/dev/null 2>&1 || true; fi' EXIT
@@ -280,8 +284,8 @@ tune_ns() {  # tune_ns NETNS DEV: steadier TCP on a shared, busy machine (best e
   # arrive out of order and TCP backs off. RPS hashes each flow to one CPU: in-order delivery.
   local mask; mask=$(printf '%x' $(( (1 << ($(nproc) < 31 ? $(nproc) : 31)) - 1 )))
   ip netns exec "$1" sh -c "echo $mask > /sys/class/net/$2/queues/rx-0/rps_cpus" 2>/dev/null || true
-  # A ping-pong leaves the link idle between messages: keep the congestion window.
-  ip netns exec "$1" sh -c 'echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle' 2>/dev/null || true
+  # --tcp-keep-cwnd: no slow start after idle time (a site tuning; the kernel's default restarts it).
+  [ "$KEEP_CWND" = 0 ] || ip netns exec "$1" sh -c 'echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle' 2>/dev/null || true
 }
 
 start_anchor() {  # start_anchor NAME NETNS
