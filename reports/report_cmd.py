@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a calibration JSON from `commcal fit`")
     parser.add_argument("--validation", action="append", default=[], metavar="DIR",
                         help="a validation directory from `commcal validate`")
-    parser.add_argument("--scan", action="append", default=[], metavar="DIR", help="a scan directory from `commcal scan` (a --run DIR holding a "
-                                                     "scan counts as this)")
+    parser.add_argument("--scan", action="append", default=[], metavar="DIR",
+                        help="a scan directory from `commcal scan` (a --run DIR holding a scan counts as this)")
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="where report.html, report.md and figures/ go")
     parser.add_argument("--title", default="commcal report", help="the report's title")
 
