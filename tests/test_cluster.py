@@ -394,7 +394,7 @@ def test_inter_node_control_prices_strategies_within_the_targets(control):
     assert not misses, f"{misses}\n{control.stdout[-3000:]}"
 
 
-@pytest.mark.xfail(reason="issue 29/31: met in 18 of 21 runs of 2026-11-27/28 once the default path swept the "
+@pytest.mark.xfail(reason="issue 29/31: met in 19 of 23 runs of 2026-11-27/28 once the default path swept the "
                           "after-compute models (0 of 6 before); each miss (tau 0.833) is the linear layer's near-tie "
                           "(m against -/ws): the after-compute model prices m's 4 MiB all-reduce between the nodes 2.5-3% "
                           "under the wire time validate measures, its top segment fitted through points the sweep drew at "
