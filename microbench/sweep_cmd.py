@@ -216,10 +216,10 @@ def _dry_nodes(path: str | None, count: int) -> tuple[list[str], Topology]:
     if not path:
         return [f"node{i}" for i in range(count)], Topology()
     topology = read_topology(path)
-    named = [n for group in topology.levels[0] for n in group]
-    if count > len(named):
-        raise UsageError(f"--nodes {count}: the topology ({path}) names only {len(named)} nodes")
-    return named[:count], topology.restrict(named[:count])
+    if count > len(topology.nodes):
+        raise UsageError(f"--nodes {count}: the topology ({path}) names only {len(topology.nodes)} nodes")
+    named = list(topology.nodes[:count])
+    return named, topology.restrict(named)
 
 
 def _topology(path: str | None, hosts: list[str]) -> Topology | str:

@@ -40,6 +40,11 @@ class Topology:
         """Switch levels (1 when flat: the nodes are joined, how is unknown)."""
         return max(len(self.levels), 1)
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node the topology names, leaf group by leaf group (none when flat)."""
+        return tuple(n for group in self.levels[0] for n in group) if self.levels else ()
+
     def restrict(self, hosts: list[str]) -> "Topology":
         """The topology of the job's nodes (hostnames in `hosts`, in their order of first appearance), groups in
         the order of their first node; a host the topology does not name is an error. Names match as given, else
@@ -47,7 +52,7 @@ class Topology:
         if not self.levels:
             return self
         nodes = list(dict.fromkeys(hosts))
-        known = {n for group in self.levels[0] for n in group}
+        known = set(self.nodes)
         short = {n.split(".")[0]: n for n in known}
         name = {h: h if h in known else short.get(h.split(".")[0]) for h in nodes}
         missing = [h for h, n in name.items() if n is None]
