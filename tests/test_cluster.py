@@ -130,6 +130,9 @@ def test_nodes_have_their_own_hostnames_and_addresses(cluster):
         assert f"10.77.0.{i}/24" in addrs
         qdisc = cluster.run("exec", node, "tc", "qdisc", "show", "dev", "eth0").stdout
         assert "tbf" in qdisc and "400Mbit" in qdisc, qdisc
+        # TCP as a new node's kernel has it (slow start after idle time); only `up --tcp-keep-cwnd` tunes it
+        idle = cluster.run("exec", node, "cat", "/proc/sys/net/ipv4/tcp_slow_start_after_idle").stdout.strip()
+        assert idle == "1", idle
     # the root namespace cannot reach the cluster's subnet: traffic never leaves the machine
     route = subprocess.run(["ip", "route", "get", "10.77.0.1"], capture_output=True, text=True)
     assert route.returncode != 0 or "unreachable" in route.stdout
