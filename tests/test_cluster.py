@@ -359,16 +359,18 @@ class Control:
     validates: Validates
     stdout: str
 
-    def misses(self, names: tuple[str, ...]) -> list[str]:
+    def misses_each(self, names: tuple[str, ...]) -> list[list[str]]:
         """Per validate, each of `names` that misses bench_validate's target."""
         targets = {name: (op, target) for name, op, target in bench_validate.TARGETS}
         out = []
         for metrics in self.validates.metrics:
+            each = []
             for name in names:
                 op, target = targets[name]
                 value = metrics[name]["value"]
                 if not (value >= target if op == ">=" else value <= target):
-                    out.append(f"{name} {value:.4f} (target {op} {target})")
+                    each.append(f"{name} {value:.4f} (target {op} {target})")
+            out.append(each)
         return out
 
 
@@ -390,32 +392,38 @@ def control(cluster, resumed_sweep) -> Control:
                              [pd.read_parquet(r / "strategies.parquet") for r in runs]), proc.stdout)
 
 
-@pytest.mark.xfail(reason="issue 29: met in 23 of 24 runs of 2026-11-27/28 once the default path swept the after-compute "
-                          "models (lowest accuracy 0.9559); the fresh-clone CI of 61b9917 missed regret in one validate "
-                          "(0.0647, the other 0.0031; accuracy 0.9656 / 0.9807), so a strict test would turn CI red "
-                          "about one run in twenty", strict=False)
+# How much worse than a second validate the calibration may price a validate's communication (comm mean accuracy)
+# before a miss of the target is the calibration's: the calibration comes from one more launch than the repeat, and
+# over 26 stored control validates of 2026-11-27/28 it scored 0.005-0.022 below the repeat (median 0.011).
+ACCURACY_MARGIN = 0.03
+
+
 def test_inter_node_control_prices_strategies_within_the_targets(control):
-    """The headline claim on the control, asserted: in communication the calibration meets bench_validate's mean
-    accuracy (>= 0.95) and regret (<= 3%) targets on each of two validates."""
-    misses = control.misses(("comm_mean_accuracy", "comm_regret"))
-    assert not misses, f"{misses}\n{control.stdout[-3000:]}"
+    """The headline claim on the control, asserted: on each of two validates the calibration meets bench_validate's
+    comm mean accuracy target (>= 0.95), or prices that validate nearly as well as the other validate does
+    (ACCURACY_MARGIN): a validate that drew a slow TCP mode for a whole launch misses against any prediction."""
+    lines = control.validates.against_repeat("comm_mean_accuracy", ACCURACY_MARGIN)
+    low = [f"{line} ({', '.join(miss)})" for line, miss in zip(lines, control.misses_each(("comm_mean_accuracy",)))
+           if miss and line.endswith("MISSED")]
+    assert not low, f"{low}\n{control.stdout[-3000:]}"
 
 
-@pytest.mark.xfail(reason="issue 29/31: met in 19 of 23 runs of 2026-11-27/28 once the default path swept the "
+@pytest.mark.xfail(reason="issue 29/31: tau met in 19 of 25 runs of 2026-11-27/28 once the default path swept the "
                           "after-compute models (0 of 6 before); each miss (tau 0.833) is the linear layer's near-tie "
-                          "(m against -/ws): the after-compute model prices m's 4 MiB all-reduce between the nodes 2.5-3% "
-                          "under the wire time validate measures, its top segment fitted through points the sweep drew at "
-                          "1.25-1.5x the wire (a TCP speed drawn per point and launch) (docs/results.md, \"The control's "
-                          "misses\")",
-                          strict=False)
+                          "(m against -/ws, 1.3% apart): the after-compute model prices m's 4 MiB all-reduce between the "
+                          "nodes 2.4% under the point the sweep measured, its top segment fitted through 256 KiB, which "
+                          "runs 1.1x the line of 1-4 MiB; regret missed once (0.0647), when that swap met a validate that "
+                          "drew a slow mode for m (docs/results.md, \"The control's misses\")",
+                   strict=False)
 def test_inter_node_control_ranks_strategies_within_the_targets(control):
-    """The control's ranking: the calibration's comm Kendall tau meets bench_validate's target or ranks as well as
-    the other validate does (RANK_MARGIN): a layer of three strategies, two of them within 1% of each other, has a
-    tau of 1/3 whenever that pair swaps, so a tau below the target can be the measurement's own resolution."""
+    """The control's ranking: on each validate the calibration meets bench_validate's regret target (<= 3%), and its
+    comm Kendall tau meets the target or ranks as well as the other validate does (RANK_MARGIN): a layer of three
+    strategies, two of them within 1.3% of each other, has a tau of 1/3 whenever that pair swaps."""
     target = next(t for name, _, t in bench_validate.TARGETS if name == "comm_kendall_tau")
     taus = control.validates.against_repeat("comm_kendall_tau", RANK_MARGIN)
     low = [line for line, metrics in zip(taus, control.validates.metrics)
            if metrics["comm_kendall_tau"]["value"] < target and line.endswith("MISSED")]
+    low += [m for each in control.misses_each(("comm_regret",)) for m in each]
     assert not low, f"{low}\n{control.stdout[-3000:]}"
 
 
