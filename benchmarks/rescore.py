@@ -35,7 +35,7 @@ def _mesh(summary: dict) -> Mesh:
     """The validate's mesh from its summary's text, e.g. '2x2 (2 nodes x 2 ranks)'."""
     found = re.match(r"\s*([\dx]+)\s*\(\s*\d+ nodes? x (\d+) ranks?", str(summary.get("mesh", "")))
     if not found:
-        raise SystemExit(f"rescore: cannot read the mesh '{summary.get('mesh')}'")
+        raise SystemExit(f"rescore: cannot read the mesh '{summary.get('mesh')}'")  # exit 1: a file of ours, changed
     return Mesh(tuple(int(n) for n in found.group(1).split("x")), int(found.group(2)))
 
 
@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         anchor = Anchor(cal, {False: args.anchor, **({True: args.anchor_after} if args.anchor_after else {})})
     print(f"{'run':<60} " + " ".join(f"{m:>28}" for m in METRICS))
     for run in args.runs:
+        missing = [f for f in ("summary.json", "steps.csv", "strategies.parquet") if not (run / f).is_file()]
+        if missing:
+            print(f"rescore: {run} is not a validate directory (no {missing[0]})", file=sys.stderr)
+            return 2
         summary = json.loads((run / "summary.json").read_text())
         new = rescore(run, Pricer(cal, _mesh(summary)), anchor)
         cells = [f"{summary['metrics'][m]['value']:.4f} -> {new[m]['value']:.4f}" for m in METRICS]

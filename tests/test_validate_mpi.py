@@ -251,3 +251,41 @@ def test_validate_sh_passes_its_backend_knob_and_refuses_a_bad_one(tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     argv = json.loads((tmp_path / "g" / "run.json").read_text())["argv"]
     assert argv[argv.index("--backend") + 1] == "mpi", argv
+
+
+def test_bench_rescore_reprices_a_stored_validate_as_validate_priced_it(tmp_path):
+    """benchmarks.rescore re-prices a validate's collective steps without MPI: with the calibration the validate
+    used, every metric comes back unchanged; with one whose every alpha and beta is three times as large, the metrics
+    are those of the stored table with its communication predictions tripled; a directory that is no validate's
+    output is one line and exit 2."""
+    from analysis import ranking
+    from analysis.pricing import Pricer
+    from benchmarks import rescore
+    from calib.calibration import load_calibration
+    cal = calibration(tmp_path / "cal.json")
+    out = tmp_path / "v"
+    proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), *LAYERS[:4], *FAST], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    mesh = rescore._mesh(summary)
+    same = rescore.rescore(out, Pricer(load_calibration(cal), mesh), None)
+    for name in rescore.METRICS:
+        assert same[name]["value"] == pytest.approx(summary["metrics"][name]["value"], abs=1e-12), name
+    data = json.loads(Path(cal).read_text())
+    for by_link in data["models"].values():
+        for m in by_link.values():
+            for seg in m["segments"]:
+                seg["alpha_s"] *= 3
+                seg["beta_s_per_byte"] *= 3
+    triple = tmp_path / "triple.json"
+    triple.write_text(json.dumps(data))
+    got = rescore.rescore(out, Pricer(load_calibration(str(triple)), mesh), None)
+    frame = pd.read_parquet(out / "strategies.parquet")
+    frame["predicted_comm_s"] *= 3
+    want = ranking.flat(ranking.frame_scores(frame, 3, 0, 0))
+    assert got["comm_mean_accuracy"]["value"] != pytest.approx(same["comm_mean_accuracy"]["value"])
+    for name in rescore.METRICS:
+        assert got[name]["value"] == pytest.approx(want[name]["value"], rel=1e-9), name
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.rescore", cal, str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "not a validate directory" in bad.stderr
