@@ -22,21 +22,23 @@ import numpy as np
 import pandas as pd
 
 from analysis import ranking
-from analysis.mesh import Mesh
+from analysis.mesh import Mesh, parse_mesh
 from analysis.pricing import Pricer
 from calib.calibration import load_calibration
 from calib.points import load_runs
+from microbench.errors import UsageError
 from microbench.ops import OPS
 
 METRICS = ("comm_mean_accuracy", "comm_kendall_tau", "comm_regret")
 
 
 def _mesh(summary: dict) -> Mesh:
-    """The validate's mesh from its summary's text, e.g. '2x2 (2 nodes x 2 ranks)'."""
-    found = re.match(r"\s*([\dx]+)\s*\(\s*\d+ nodes? x (\d+) ranks?", str(summary.get("mesh", "")))
+    """The validate's mesh from its summary's text (analysis.mesh.Mesh's str, e.g. '2x2 (2 nodes x 2 ranks)'); the
+    summary keeps no switch levels, so a run on a topology of several is priced as flat."""
+    found = re.fullmatch(r"\s*(\S+)\s*\(\s*\d+ nodes? x (\d+) ranks?\)\s*", str(summary.get("mesh", "")))
     if not found:
-        raise SystemExit(f"rescore: cannot read the mesh '{summary.get('mesh')}'")  # exit 1: a file of ours, changed
-    return Mesh(tuple(int(n) for n in found.group(1).split("x")), int(found.group(2)))
+        raise UsageError(f"cannot read the mesh {summary.get('mesh')!r} of its summary.json")
+    return parse_mesh(found.group(1), int(found.group(2)))
 
 
 class Anchor:
@@ -93,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rescore: {run} is not a validate directory (no {missing[0]})", file=sys.stderr)
             return 2
         summary = json.loads((run / "summary.json").read_text())
-        new = rescore(run, Pricer(cal, _mesh(summary)), anchor)
+        try:
+            mesh = _mesh(summary)
+        except UsageError as exc:
+            print(f"rescore: {run}: {exc}", file=sys.stderr)
+            return 2
+        new = rescore(run, Pricer(cal, mesh), anchor)
         cells = [f"{summary['metrics'][m]['value']:.4f} -> {new[m]['value']:.4f}" for m in METRICS]
         print(f"{str(run)[-60:]:<60} " + " ".join(f"{c:>28}" for c in cells))
     return 0
