@@ -16,7 +16,7 @@ from calib.result import (LAUNCH_WARN, AfterCompute, CalibrationResult, Candidat
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
 from calib.regimes import change_warnings, hidden_changes
-from calib.segments import Points, fit_piecewise
+from calib.segments import Points, change_points, fit_piecewise
 from microbench.errors import UsageError
 from microbench.links import meaning
 from microbench.ops import LOCAL_OPS
@@ -52,11 +52,13 @@ BIC")."""
 
 
 def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
-    """(held-out error, fit, min_sizes) of one algorithm: its BIC segmentation at the minimum segment size of lower
-    held-out error (the first of equals) or, where a fixed number of segments up to opts.max_segments beats that
-    error by both of OVERRIDE, the best of those: a misfit that no segmentation removes (a regime of fewer sizes than a
-    segment needs, a one-size cliff) inflates BIC's residual variance for every segmentation alike, and it stops
-    splitting."""
+    """(held-out error, fit, min_sizes) of one algorithm: BIC's segmentation at the minimum segment size whose BIC
+    predicts held-out sizes better (the first of equals), or, where a fixed number of segments up to
+    opts.max_segments beats that segmentation's held-out error by both of OVERRIDE, the best of those. A misfit that
+    no segmentation removes (a regime of fewer sizes than a segment needs, a one-size cliff) inflates BIC's residual
+    variance for every segmentation alike, and it stops splitting. BIC's segmentation is scored at the number of
+    segments BIC chose on all sizes, not at the folds' own choices: BIC on fewer sizes can split where BIC on all
+    sizes does not, and its error would then be that of a model the fit never made."""
     def scored(count, least):
         return kfold_over_sizes(alg, pts, opts.method, opts.max_segments, least, opts.folds, count), count, least
 
@@ -64,7 +66,8 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
         held, count, least = score
         return held, fit_piecewise(alg, pts, opts.method, opts.max_segments, least, count), least
 
-    bic = min((scored(None, least) for least in opts.min_sizes), key=lambda s: s[0].key())
+    least = min((scored(None, least) for least in opts.min_sizes), key=lambda s: s[0].key())[2]
+    bic = scored(len(change_points(alg, pts, opts.max_segments, least)), least)
     share, least_gain = OVERRIDE
     if bic[0].median is None or bic[0].median <= least_gain:
         return chosen(bic)
