@@ -3,6 +3,7 @@ the per-process-count Hockney table, point-to-point link parameters, GEMM rates,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -59,6 +60,7 @@ def _choose(alg, pts: Points, opts: FitOptions) -> tuple:
     variance for every segmentation alike, and it stops splitting. BIC's segmentation is scored at the number of
     segments BIC chose on all sizes, not at the folds' own choices: BIC on fewer sizes can split where BIC on all
     sizes does not, and its error would then be that of a model the fit never made."""
+    @functools.cache                    # BIC's number of segments comes round again among the fixed numbers
     def scored(count, least):
         return kfold_over_sizes(alg, pts, opts.method, opts.max_segments, least, opts.folds, count), count, least
 
