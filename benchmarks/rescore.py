@@ -84,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchor", help="the sweep run the calibration was fitted from (anchor its points)")
     ap.add_argument("--anchor-after", help="its after-compute sweep run")
     args = ap.parse_args(argv)
+    try:
+        _print_rescored(args)
+    except UsageError as exc:
+        print(f"rescore: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _print_rescored(args: argparse.Namespace) -> None:
+    """Each run's stored metrics beside the re-priced ones; UsageError for a calibration, run or summary it cannot
+    read."""
     cal = load_calibration(args.calibration)
     anchor = None
     if args.anchor:
@@ -92,19 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         missing = [f for f in ("summary.json", "steps.csv", "strategies.parquet") if not (run / f).is_file()]
         if missing:
-            print(f"rescore: {run} is not a validate directory (no {missing[0]})", file=sys.stderr)
-            return 2
-        summary = json.loads((run / "summary.json").read_text())
+            raise UsageError(f"{run} is not a validate directory (no {missing[0]})")
         try:
+            summary = json.loads((run / "summary.json").read_text())
             mesh = _mesh(summary)
-        except UsageError as exc:
-            print(f"rescore: {run}: {exc}", file=sys.stderr)
-            return 2
+        except (ValueError, UsageError) as exc:
+            raise UsageError(f"{run}: {exc}") from None
         new = rescore(run, Pricer(cal, mesh), anchor)
         cells = [f"{summary['metrics'][m]['value']:.4f} -> {new[m]['value']:.4f}" for m in METRICS]
         print(f"{str(run)[-60:]:<60} " + " ".join(f"{c:>28}" for c in cells))
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

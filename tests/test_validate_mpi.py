@@ -257,7 +257,7 @@ def test_bench_rescore_reprices_a_stored_validate_as_validate_priced_it(tmp_path
     """benchmarks.rescore re-prices a validate's collective steps without MPI: with the calibration the validate
     used, every metric comes back unchanged; with one whose every alpha and beta is three times as large, the metrics
     are those of the stored table with its communication predictions tripled; a directory that is no validate's
-    output is one line and exit 2."""
+    output, or a calibration it cannot read, is one line and exit 2."""
     from analysis import ranking
     from analysis.pricing import Pricer
     from benchmarks import rescore
@@ -289,3 +289,7 @@ def test_bench_rescore_reprices_a_stored_validate_as_validate_priced_it(tmp_path
     bad = subprocess.run([sys.executable, "-m", "benchmarks.rescore", cal, str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "not a validate directory" in bad.stderr
+    (tmp_path / "broken.json").write_text("{")
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.rescore", str(tmp_path / "broken.json"), str(out)],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "broken.json" in bad.stderr, bad.stderr
