@@ -457,9 +457,9 @@ def test_inter_node_control_prices_strategies_within_the_targets(control):
                           "layer (m against -/ws, 1.3% apart) that the after-compute all-reduce's top segment, tilted by "
                           "its 256 KiB point, priced the wrong way; regret missed once (0.0647), when that swap met a "
                           "validate that drew m slow. With 128 KiB in "
-                          "the grid, tau was met in 5 of 5 runs and m priced above -/ws in 10 of 10 sweeps (five stored "
-                          "ones refitted), but by as little as 0.6%, within a calibration's error: a record too short to "
-                          "assert (docs/results.md, \"128 KiB in the tier's grid\")", strict=False)
+                          "the grid, tau was met in 20 of 20 runs to 2026-11-28 10:30 and m priced above -/ws in "
+                          "every sweep, but by 0.04-3.1% (12 runs), inside a calibration's error: a near-tie's order, "
+                          "too fragile to assert (docs/results.md, \"A control miss in the project's CI\")", strict=False)
 def test_inter_node_control_ranks_strategies_within_the_targets(control):
     """The control's ranking: on each validate the calibration meets bench_validate's regret target (<= 3%), and its
     comm Kendall tau meets the target or ranks as well as the other validate does (RANK_MARGIN): a layer of three
