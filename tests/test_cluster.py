@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import ranking
+from analysis import attribution, ranking
 from calib.points import load_runs
 from benchmarks import validate as bench_validate
 from conftest import REPO, VENV_BIN, run_cli
@@ -362,7 +362,9 @@ class Control:
 
     validates: Validates
     stdout: str
-    evidence: str  # _evidence: the steps off their price and the sweep points behind them
+    runs: list[Path]             # the two validates' directories
+    sweeps: dict[bool, Path]     # after compute? -> the sweep run its models were fitted from
+    calibration: Path
 
     def misses_each(self, names: tuple[str, ...]) -> list[list[str]]:
         """Per validate, each of `names` that misses bench_validate's target."""
@@ -378,42 +380,47 @@ class Control:
             out.append(each)
         return out
 
+    def evidence(self) -> str:
+        """Where a miss came from, for its failure message: each operation whose steps ran more than OFF_PRICE off
+        their price in a validate, those steps, and the sweep points and segments of the models that priced them."""
+        frames = [pd.read_parquet(r / "steps.parquet").assign(validate=r.name) for r in self.runs]
+        off = sorted({(row["op"], row["link"]) for f in frames for row in attribution.step_ratios(f)
+                      if abs(row["median"] - 1) > OFF_PRICE})
+        if not off:
+            return f"no operation's steps ran more than {OFF_PRICE:.0%} off their price (median over a validate)"
+        steps = pd.concat(frames)
+        cal = json.loads(self.calibration.read_text())
+        lines = []
+        for op, link in off:
+            mine = steps[(steps["op"] == op) & (steps["link"] == link) & (steps["predicted_s"] > 0)]
+            lines.append(f"{op}/{link} steps, measured / predicted:")
+            lines += [f"  {r.validate} {r.layer} {r.strategy} {r.size_bytes} B{' after compute' * r.after_compute}: "
+                      f"{r.measured_s / r.predicted_s:.3f}" for r in mine.itertuples()]
+            for after in sorted(set(mine["after_compute"])):
+                models = cal["after_compute"]["models"] if after else cal["models"]
+                lines += model_points(self.sweeps[bool(after)], op, link, models[op][link])
+        return "\n".join(lines)
+
 
 OFF_PRICE = 0.05
-"""How far (measured / predicted - 1, median over a validate's steps) an operation's steps may run off their price
-before a missed control's failure message shows the sweep points that priced them."""
+"""How far (measured / predicted - 1, median over a validate's steps: analysis.attribution.step_ratios) an operation's
+steps may run off their price before a missed control's failure message shows the sweep points that priced them."""
 
 
-def _evidence(validates: list[Path], runs: dict[bool, Path], calibration: Path) -> str:
-    """Where a missed control's error came from, for the failure message: each operation whose communication steps
-    ran off their price by more than OFF_PRICE in a validate, with the sweep points that priced it (each price and
-    its calls' quantiles over that price) and the model's segments."""
-    steps = pd.concat([pd.read_parquet(v / "steps.parquet").assign(validate=v.name) for v in validates])
-    steps = steps[(steps["op"] != "compute") & (steps["predicted_s"] > 0)]
-    steps = steps.assign(ratio=steps["measured_s"] / steps["predicted_s"])
-    off = steps.groupby(["op", "link", "after_compute"])["ratio"].median()
-    off = off[(off - 1).abs() > OFF_PRICE]
-    if off.empty:
-        return f"no operation's steps ran off their price by more than {OFF_PRICE:.0%} (median over the steps)"
-    cal = json.loads(calibration.read_text())
-    lines = []
-    for (op, link, after), ratio in off.items():
-        lines.append(f"{op}/{link} {'after compute' if after else 'back to back'}: measured / predicted {ratio:.3f}")
-        lines += [f"  {r.validate} {r.layer} {r.strategy} {r.size_bytes} B: {r.ratio:.3f}"
-                  for r in steps[(steps["op"] == op) & (steps["link"] == link)
-                                 & (steps["after_compute"] == after)].itertuples()]
-        run = runs[bool(after)]
-        pts = load_runs([str(run)]).points
-        pts = pts[(pts["op"] == op) & (pts["link"] == link)].sort_values("size_bytes")
-        samples = pd.read_parquet(run / "samples.parquet", columns=["point_id", "time_s"])
-        for r in pts.itertuples():
-            q = (samples.loc[samples["point_id"] == r.point_id, "time_s"] / r.seconds).quantile([0, .25, .5, .75, 1])
-            lines.append(f"  point {r.size_bytes:>8} B: price {r.seconds * 1e3:.4g} ms, {r.n_samples} calls over it "
-                         + " ".join(f"{v:.2f}" for v in q))
-        model = (cal["after_compute"]["models"] if after else cal["models"])[op][link]
-        lines += [f"  segment {g['min_bytes']:g}..{g['max_bytes']:g} B: alpha {g['alpha_s']:.4g} s, beta "
-                  f"{g['beta_s_per_byte']:.4g} s/B" for g in model["segments"]]
-    return "\n".join(lines)
+def model_points(run: Path, op: str, link: str, model: dict) -> list[str]:
+    """A model's sweep points (each price, its calls and their quantiles over it) and its fitted segments, as lines for
+    a failure message: where a missed price came from."""
+    pts = load_runs([str(run)]).points
+    pts = pts[(pts["op"] == op) & (pts["link"] == link)].sort_values("size_bytes")
+    samples = pd.read_parquet(run / "samples.parquet", columns=["point_id", "time_s"])
+    lines = [f"{op}/{link} points of {run.name} (calls over the price: min, quartiles, max):"]
+    for r in pts.itertuples():
+        q = (samples.loc[samples["point_id"] == r.point_id, "time_s"] / r.seconds).quantile([0, .25, .5, .75, 1])
+        lines.append(f"  {r.size_bytes:>8} B  {r.seconds * 1e3:9.4f} ms  {r.n_samples:>4} calls  "
+                     + " ".join(f"{v:.2f}" for v in q))
+    return lines + [f"  segment {g['min_bytes']:g}..{g['max_bytes']:g} B: alpha {g['alpha_s']:.4g} s, "
+                    f"{1 / g['beta_s_per_byte'] / 1e6 if g['beta_s_per_byte'] > 0 else float('nan'):.2f} MB/s"
+                    for g in model["segments"]]
 
 
 @pytest.fixture(scope="module")
@@ -432,8 +439,8 @@ def control(cluster, resumed_sweep) -> Control:
     runs = [out / "validate", out / "validate-2"]
     sweeps = {False: resumed_sweep.out / "run", True: next(resumed_sweep.out.glob("run-after-gemm*"))}
     return Control(Validates([json.loads((r / "summary.json").read_text())["metrics"] for r in runs],
-                             [pd.read_parquet(r / "strategies.parquet") for r in runs]), proc.stdout,
-                   _evidence(runs, sweeps, resumed_sweep.calibration))
+                             [pd.read_parquet(r / "strategies.parquet") for r in runs]), proc.stdout, runs, sweeps,
+                   resumed_sweep.calibration)
 
 
 # How much worse than a second validate the calibration may price a validate's communication (comm mean accuracy)
@@ -449,7 +456,7 @@ def test_inter_node_control_prices_strategies_within_the_targets(control):
     lines = control.validates.against_repeat("comm_mean_accuracy", ACCURACY_MARGIN)
     low = [f"{line} ({', '.join(miss)})" for line, miss in zip(lines, control.misses_each(("comm_mean_accuracy",)))
            if miss and line.endswith("MISSED")]
-    assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence}"
+    assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
 
 
 @pytest.mark.xfail(reason="issue 29/31: on the ten-size grid tau was met in 26 of 35 runs of 2026-11-27/28; every miss "
@@ -469,7 +476,7 @@ def test_inter_node_control_ranks_strategies_within_the_targets(control):
     low = [line for line, metrics in zip(taus, control.validates.metrics)
            if metrics["comm_kendall_tau"]["value"] < target and line.endswith("MISSED")]
     low += [m for each in control.misses_each(("comm_regret",)) for m in each]
-    assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence}"
+    assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
 
 
 def test_validate_training_runs_pipeline_stages_across_the_nodes(cluster, resumed_sweep):

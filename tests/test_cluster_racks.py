@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from calib.points import load_runs
 from conftest import VENV_BIN, run_cli
 from microbench.switches import parse_switches, tree
-from test_cluster import SWEEP, brought_up
+from test_cluster import SWEEP, brought_up, model_points
 
 pytestmark = pytest.mark.cluster
 
@@ -56,18 +54,6 @@ def test_racks_are_routed_and_slurm_knows_the_tree(racks):
     assert tree(parse_switches(shown, "scontrol"), "slurm").levels == RACKS, shown
     conf = (racks.state / "topology.conf").read_text()
     assert tree(parse_switches(conf, "conf"), "conf").levels == RACKS, conf
-
-
-def _points_of(run: Path, link: str, data: dict) -> str:
-    """A missed level's ping-pong medians and CIs and its fitted segments, to diagnose the miss from the log."""
-    pts = load_runs([str(run)]).points
-    pts = pts[(pts["op"] == "pingpong") & (pts["link"] == link)]
-    rows = [f"  {int(r.size_bytes):>8} B  {r.seconds * 1e3:9.4f} ms  [{r.ci_low_s * 1e3:.4f}, {r.ci_high_s * 1e3:.4f}]"
-            for r in pts.sort_values("size_bytes").itertuples()]
-    segs = [f"  segment {s['min_bytes']:g}..{s['max_bytes']:g} B: alpha {s['alpha_s']:.4g} s, "
-            f"{1 / s['beta_s_per_byte'] / 1e6 if s['beta_s_per_byte'] > 0 else float('nan'):.2f} MB/s"
-            for s in data["models"]["pingpong"][link]["segments"]]
-    return f"{link} points:\n" + "\n".join(rows + segs)
 
 
 def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_them(racks):
@@ -108,7 +94,8 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
         if abs(bw / truth - 1) > 0.05:
             misses.append(link)
     print("\n".join(lines))
-    assert not misses, "\n".join(lines + [_points_of(out / "pingpong", link, data) for link in misses]) + "\n" + log
+    assert not misses, "\n".join(lines + [line for link in misses for line in model_points(
+        out / "pingpong", "pingpong", link, data["models"]["pingpong"][link])]) + "\n" + log
     assert {"intra", "inter", "inter2"} <= set(data["models"]["allgather"])
     # a 3-level mesh, 2 ranks per node: axis 0 across racks, axis 1 within a rack, axis 2 within a node
     proc = run_cli(["search", str(cal), "--model", "mlp:batch=64,d_in=512,d_hidden=1024", "--mesh", "2x2x2",
