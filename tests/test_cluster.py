@@ -296,13 +296,14 @@ class Validates:
 
     def against_repeat(self, name: str, margin: float) -> list[str]:
         """Per validate, the calibration's `name` beside the other validate's as its prediction; lines that end
-        in MISSED where the calibration does worse by more than `margin`."""
+        in MISSED where the calibration does worse by more than `margin` (higher is better, but for regret)."""
         lines = []
         for a, b in ((0, 1), (1, 0)):
             repeat = ranking.flat(ranking.frame_scores(ranking.repeat_frame(self.tables[b], self.tables[a]), 3, 0, 0))
             cal, rep = self.metrics[a][name]["value"], repeat[name]["value"]
+            worse = rep - cal if name.endswith("regret") else cal - rep
             lines.append(f"validate {a + 1}: {name} calibration {cal:.4f}, validate {b + 1} {rep:.4f}, "
-                         f"margin {margin}" + ("" if cal >= rep - margin else "  MISSED"))
+                         f"margin {margin}" + ("" if worse >= -margin else "  MISSED"))
         print("\n".join(lines))
         return lines
 
@@ -366,19 +367,14 @@ class Control:
     sweeps: dict[bool, Path]     # after compute? -> the sweep run its models were fitted from
     calibration: Path
 
-    def misses_each(self, names: tuple[str, ...]) -> list[list[str]]:
-        """Per validate, each of `names` that misses bench_validate's target."""
-        targets = {name: (op, target) for name, op, target in bench_validate.TARGETS}
-        out = []
-        for metrics in self.validates.metrics:
-            each = []
-            for name in names:
-                op, target = targets[name]
-                value = metrics[name]["value"]
-                if not (value >= target if op == ">=" else value <= target):
-                    each.append(f"{name} {value:.4f} (target {op} {target})")
-            out.append(each)
-        return out
+    def misses(self, name: str, margin: float) -> list[str]:
+        """Each validate whose `name` misses bench_validate's target and, by more than `margin`, what the other
+        validate scores as its prediction (Validates.against_repeat): a miss that is the calibration's."""
+        op, target = next((op, t) for n, op, t in bench_validate.TARGETS if n == name)
+        lines = self.validates.against_repeat(name, margin)
+        return [f"{line} (target {op} {target})" for line, metrics in zip(lines, self.validates.metrics)
+                if line.endswith("MISSED")
+                and not (metrics[name]["value"] >= target if op == ">=" else metrics[name]["value"] <= target)]
 
     def evidence(self) -> str:
         """Where a miss came from, for its failure message: each operation whose steps ran more than OFF_PRICE off
@@ -453,29 +449,31 @@ def test_inter_node_control_prices_strategies_within_the_targets(control):
     """The headline claim on the control, asserted: on each of two validates the calibration meets bench_validate's
     comm mean accuracy target (>= 0.95), or prices that validate nearly as well as the other validate does
     (ACCURACY_MARGIN): a validate that drew a slow TCP mode for a whole launch misses against any prediction."""
-    lines = control.validates.against_repeat("comm_mean_accuracy", ACCURACY_MARGIN)
-    low = [f"{line} ({', '.join(miss)})" for line, miss in zip(lines, control.misses_each(("comm_mean_accuracy",)))
-           if miss and line.endswith("MISSED")]
+    low = control.misses("comm_mean_accuracy", ACCURACY_MARGIN)
+    assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
+
+
+def test_inter_node_control_picks_strategies_within_the_regret_target(control):
+    """The control's choice, asserted: on each validate the strategy the calibration prices fastest in each layer
+    runs within bench_validate's comm regret target (<= 3%) of the fastest measured, or the calibration picks as
+    well as the other validate does (no margin). A swap of two strategies a few percent apart costs less than the
+    target; a calibration that prices a layer the wrong way round by more does not."""
+    low = control.misses("comm_regret", 0.0)
     assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
 
 
 @pytest.mark.xfail(reason="issue 29/31: on the ten-size grid tau was met in 26 of 35 runs of 2026-11-27/28; every miss "
                           "(tau 0.833) but one (mended by the fit's segment-count check) was a near-tie of the linear "
                           "layer (m against -/ws, 1.3% apart) that the after-compute all-reduce's top segment, tilted by "
-                          "its 256 KiB point, priced the wrong way; regret missed once (0.0647), when that swap met a "
-                          "validate that drew m slow. With 128 KiB in "
+                          "its 256 KiB point, priced the wrong way. With 128 KiB in "
                           "the grid, tau was met in 20 of 20 runs to 2026-11-28 10:30 and m priced above -/ws in "
                           "every sweep, but by 0.04-3.1% (12 runs), inside a calibration's error: a near-tie's order, "
                           "too fragile to assert (docs/results.md, \"A control miss in the project's CI\")", strict=False)
 def test_inter_node_control_ranks_strategies_within_the_targets(control):
-    """The control's ranking: on each validate the calibration meets bench_validate's regret target (<= 3%), and its
-    comm Kendall tau meets the target or ranks as well as the other validate does (RANK_MARGIN): a layer of three
-    strategies, two of them within 1.3% of each other, has a tau of 1/3 whenever that pair swaps."""
-    target = next(t for name, _, t in bench_validate.TARGETS if name == "comm_kendall_tau")
-    taus = control.validates.against_repeat("comm_kendall_tau", RANK_MARGIN)
-    low = [line for line, metrics in zip(taus, control.validates.metrics)
-           if metrics["comm_kendall_tau"]["value"] < target and line.endswith("MISSED")]
-    low += [m for each in control.misses_each(("comm_regret",)) for m in each]
+    """The control's ranking: on each validate the calibration's comm Kendall tau meets bench_validate's target
+    (>= 0.9) or ranks as well as the other validate does (RANK_MARGIN): a layer of three strategies, two of them
+    within 1.3% of each other, has a tau of 1/3 whenever that pair swaps."""
+    low = control.misses("comm_kendall_tau", RANK_MARGIN)
     assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
 
 
