@@ -7,7 +7,6 @@ import argparse
 import sys
 
 from calib.calibration import calibration_from_dict
-from calib.fit import FitOptions, fit_result
 from calib.points import check_pages, load_runs
 from microbench.atomic import not_an_input
 from microbench.errors import UsageError
@@ -41,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     after = load_runs(args.after_compute, args.backend, args.mix_methods) if args.after_compute else None
     if after is not None:
         check_pages(runs.runs + after.runs)
+    from calib.fit import FitOptions, fit_result    # statsmodels takes seconds to import: not before the runs are read
+
     cal = fit_result(runs, FitOptions(method=args.method, folds=args.folds, max_segments=args.max_segments), after)
     calibration_from_dict(cal.to_json(), args.out)
     cal.write(args.out)

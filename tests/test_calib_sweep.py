@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from calib.calibration import json_schema, load_calibration
-from conftest import run_cli, run_mpi
+from conftest import run_cli, run_main, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -36,19 +36,19 @@ def test_real_sweep_fits_predicts_and_tabulates(tmp_path):
     assert table.returncode == 0 and "allreduce,intra" in table.stdout
 
 
-def test_a_one_rank_sweep_fits_hockney_rows_but_no_collective_model(tmp_path):
+def test_a_one_rank_sweep_fits_hockney_rows_but_no_collective_model(tmp_path, capsys):
     """At p=1 every algorithm shape is 0: the fit keeps the p=1 Hockney line and says there is no model
     (a GPU node's single-rank NCCL sweep once produced a rank-deficient fit and NaN in the file)."""
     run = tmp_path / "run"
     run_mpi(1, ["sweep", "--quick", "--procs", "1", "--ops", "allreduce,bcast", "--out", str(run)], check=True)
     cal_path = tmp_path / "cal.json"
-    fit = run_cli(["fit", str(run), "--out", str(cal_path)])
-    assert fit.returncode == 0, fit.stderr
-    assert "allreduce/intra: only one process measured; no collective model" in fit.stderr
+    code, _, err = run_main(capsys, ["fit", str(run), "--out", str(cal_path)])
+    assert code == 0, err
+    assert "allreduce/intra: only one process measured; no collective model" in err
     cal = load_calibration(cal_path)
     assert not cal.has("allreduce", "intra") and not cal.has("bcast", "intra")
     rows = [r for r in cal.data["hockney"] if r["op"] == "allreduce"]
     assert rows and {r["procs"] for r in rows} == {1}
     assert min(rows, key=lambda r: r["min_bytes"])["alpha_s"] > 0      # small sizes: latency, a copy at most
-    table = run_cli(["table", str(cal_path)])
-    assert table.returncode == 0, table.stderr
+    code, _, err = run_main(capsys, ["table", str(cal_path)])
+    assert code == 0, err

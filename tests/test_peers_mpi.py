@@ -2,9 +2,11 @@
 the peer's way in the peer's size convention and records its method; run.json records the thread level asked for
 and provided; fit refuses to mix methods unless told to."""
 
+import json
+
 import pytest
 
-from conftest import mpi_env, run_cli, run_mpi
+from conftest import mpi_env, run_cli, run_main, run_mpi
 from microbench.records import load_summary, read_run_json
 
 pytestmark = pytest.mark.mpi
@@ -59,17 +61,15 @@ def test_thread_level_is_chosen_recorded_and_overridable(tmp_path):
     assert level["provided"] in ("funneled", "serialized", "multiple")
 
 
-def test_fit_refuses_a_mix_of_methods_unless_allowed(tmp_path):
+def test_fit_refuses_a_mix_of_methods_unless_allowed(tmp_path, capsys):
     for method in ("commcal", "osu"):
         run_mpi(2, ["sweep", "--out", str(tmp_path / method), "--method", method, "--cache", "warm", "--ops",
                     "allreduce", "--sizes", "8,1K,8K,64K,256K", *FAST], check=True, env=_env())
     runs = [str(tmp_path / "commcal"), str(tmp_path / "osu")]
-    proc = run_cli(["fit", *runs, "--out", str(tmp_path / "cal.json")])
-    assert proc.returncode == 2 and "runs mix timing methods commcal and osu" in proc.stderr
-    proc = run_cli(["fit", *runs, "--mix-methods", "--out", str(tmp_path / "cal.json")])
-    assert proc.returncode == 0, proc.stderr
-    import json
-
+    code, _, err = run_main(capsys, ["fit", *runs, "--out", str(tmp_path / "cal.json")])
+    assert code == 2 and "runs mix timing methods commcal and osu" in err
+    code, _, err = run_main(capsys, ["fit", *runs, "--mix-methods", "--out", str(tmp_path / "cal.json")])
+    assert code == 0, err
     cal = json.loads((tmp_path / "cal.json").read_text())
     assert [r["method"] for r in cal["provenance"]["runs"]] == ["commcal", "osu"]
     assert all(r["mpi_thread_level"] == {"requested": "single", "provided": "single"} for r in cal["provenance"]["runs"])

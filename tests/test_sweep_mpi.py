@@ -14,7 +14,7 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import REPO, commcal_argv, mpi_env, mpiexec_argv, run_cli, run_mpi
+from conftest import REPO, commcal_argv, mpi_env, mpiexec_argv, run_cli, run_main, run_mpi
 from calib.calibration import load_calibration
 from microbench.ops import OPS
 from microbench.sizes import parse_size
@@ -221,7 +221,7 @@ def test_gemm_and_copy_rotate_through_every_cold_slot(tmp_path):
         assert int(r[2]) >= 12 and int(r[4]) >= 30 and r[6] == "0" and r[8] == "0", proc.stdout
 
 
-def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
+def test_runs_timed_in_other_conditions_do_not_mix(tmp_path, capsys):
     """Cold and warm buffers, buffers with and without huge pages, or calls with and without an idle gap or a GEMM
     before them, neither resume nor fit together."""
     runs = {"cold": [], "warm": ["--cache", "warm"], "gap": ["--gap-ms", "2"], "gemm": ["--after-gemm", "32"],
@@ -244,14 +244,15 @@ def test_runs_timed_in_other_conditions_do_not_mix(tmp_path):
     for pair, says in ((("cold", "warm"), "mix cold and warm buffers"), (("cold", "gap"), "mix gaps of 0 and 2 ms"),
                        (("cold", "gemm"), "mix GEMMs of N = 0 and 32"),
                        (("huge", "cold"), "mix hugepage and nohugepage host buffers")):
-        mixed = run_cli(["fit", *(str(tmp_path / n) for n in pair), "--out", str(cal)])
-        assert mixed.returncode == 2 and says in mixed.stderr, mixed.stderr
+        code, _, err = run_main(capsys, ["fit", *(str(tmp_path / n) for n in pair), "--out", str(cal)])
+        assert code == 2 and says in err, err
         assert not cal.exists()
-    mixed = run_cli(["fit", str(tmp_path / "huge"), "--after-compute", str(tmp_path / "gemm"), "--out", str(cal)])
-    assert mixed.returncode == 2 and "mix hugepage and nohugepage" in mixed.stderr, mixed.stderr
+    code, _, err = run_main(capsys, ["fit", str(tmp_path / "huge"), "--after-compute", str(tmp_path / "gemm"),
+                                     "--out", str(cal)])
+    assert code == 2 and "mix hugepage and nohugepage" in err, err
     for name, want in (("gap", ("cold", 2, 0, "nohugepage")), ("gemm", ("cold", 0, 32, "nohugepage")),
                        ("huge", ("cold", 0, 0, "hugepage"))):
-        run_cli(["fit", str(tmp_path / name), "--out", str(cal)], check=True)
+        assert run_main(capsys, ["fit", str(tmp_path / name), "--out", str(cal)])[0] == 0
         runs = json.loads(cal.read_text())["provenance"]["runs"]
         assert [(r["cache"], r["gap_ms"], r["after_gemm"], r["page_policy"]) for r in runs] == [want]
         assert load_calibration(cal).page_policy == want[3]
@@ -354,7 +355,7 @@ def test_points_are_visited_in_rounds_and_those_missing_the_target_again_pooling
     assert read_run_json(out)["options"]["retries"] == 2 and read_run_json(out)["options"]["rounds"] == 2
 
 
-def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
+def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path, capsys):
     """4 ranks on one host: intra pairs (0,1) and (2,3) run at once, and all 4 multiply at once; the fit
     records both for the pricer."""
     out = tmp_path / "run"
@@ -371,7 +372,7 @@ def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
     assert set(copy.dtype) == {"float32"} and (copy.busbw_Bps == 2 * copy.size_bytes / copy.median_s).all()
     assert read_run_json(out)["options"]["concurrent"] is True
     cal = tmp_path / "cal.json"
-    run_cli(["fit", str(out), "--out", str(cal)], check=True)
+    assert run_main(capsys, ["fit", str(out), "--out", str(cal)])[0] == 0
     data = json.loads(cal.read_text())
     assert data["link_classes"]["intra"]["groups_per_node"] == 2
     assert data["compute"]["gemm"]["float32"]["groups_per_node"] == 4
@@ -380,8 +381,8 @@ def test_concurrent_sweep_measures_every_group_at_once_and_fits(tmp_path):
     single = tmp_path / "single"
     run_mpi(2, ["sweep", "--out", str(single), *args], check=True)
     assert (load_summary(single).groups == 1).all()
-    mixed = run_cli(["fit", str(out), str(single), "--out", str(tmp_path / "mixed.json")])
-    assert mixed.returncode == 2 and "mix concurrent and one-group" in mixed.stderr, mixed.stderr
+    code, _, err = run_main(capsys, ["fit", str(out), str(single), "--out", str(tmp_path / "mixed.json")])
+    assert code == 2 and "mix concurrent and one-group" in err, err
     assert not (tmp_path / "mixed.json").exists()
 
 
@@ -428,7 +429,7 @@ def test_world_size_not_matching_slurm_tasks_is_refused(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_spread(tmp_path):
+def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_spread(tmp_path, capsys):
     """The default path's sweep runs its rounds in two MPI launches (a run and its resumption): every sample names
     its launch, every point pools both with their spread, and the calibration keeps the spread per model."""
     out, cal = tmp_path / "run", tmp_path / "cal.json"
@@ -442,7 +443,7 @@ def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_s
         row = summary.set_index("point_id").loc[pid]
         medians = [g[g.launch == k].time_s.median() for k in (0, 1)]
         assert row.launch_spread == pytest.approx(abs(medians[0] - medians[1]) / 2 / row.median_s, rel=1e-6)
-    run_cli(["fit", str(out), "--out", str(cal)], check=True)
+    assert run_main(capsys, ["fit", str(out), "--out", str(cal)])[0] == 0
     model = load_calibration(cal).result.models[("pingpong", "intra")]
     spread = model.launch_spread
     assert spread is not None and spread.launches == 2 and spread.n_points == 7
