@@ -425,7 +425,8 @@ class Control:
 
 OFF_PRICE = 0.05
 """How far (measured / predicted - 1, median over a validate's steps: analysis.attribution.step_ratios) an operation's
-steps may run off their price before a missed control's failure message shows the sweep points that priced them."""
+steps may run off their price, or past the slowest speed the calibration records, before a control's accuracy miss
+counts as the calibration's (Control.unnamed_off_price) and its failure message shows the sweep points behind them."""
 
 
 def model_points(run: Path, op: str, link: str, model: dict) -> list[str]:
