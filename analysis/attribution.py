@@ -41,9 +41,43 @@ def link_accuracy(frame: pd.DataFrame, steps: pd.DataFrame, resamples: int, seed
     return out
 
 
+OFF_PRICE = 0.05
+"""How far from their price (median measured / predicted time, minus 1) a collective's steps may run and still count as
+priced: the 5% of the accuracy target (comm mean accuracy >= 0.95)."""
+
+VERDICTS = {
+    "priced": f"within {OFF_PRICE:.0%} of the price",
+    "slow_speed": "at a slow speed the calibration records",
+    "slower": "slower than priced, beyond any speed the calibration records",
+    "faster": "faster than priced",
+}
+"""What a collective's steps say of its price (verdict), and how validate words it."""
+
+
+def verdict(median: float, slow_ratio: float | None) -> str:
+    """The VERDICTS key of a collective's median step ratio: "slow_speed" where the calibration priced it at the fast
+    one of several speeds and the steps ran from SPEED_GAP over the price (the least a slow speed lies above a fast
+    one) up to the slowest speed it records (`slow_ratio`), each bound widened by OFF_PRICE for the price's own error;
+    a launch that drew a recorded slow speed is not a pricing error, a step off its price otherwise is."""
+    if abs(median - 1) <= OFF_PRICE:
+        return "priced"
+    if median < 1:
+        return "faster"
+    if slow_ratio is not None and (1 + SPEED_GAP) / (1 + OFF_PRICE) <= median <= slow_ratio * (1 + OFF_PRICE):
+        return "slow_speed"
+    return "slower"
+
+
+def slow_launch(ratios: list[dict]) -> bool:
+    """Every collective of a validate ran slower than priced and than any speed its calibration records (step_ratios'
+    verdicts): the launch ran in conditions the sweep never saw (a slow mode for the whole launch, other load), or the
+    calibration prices everything too fast; a second launch tells which."""
+    return bool(ratios) and all(r["verdict"] == "slower" for r in ratios)
+
+
 def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | None = None) -> list[dict]:
-    """Per (collective, link) with a positive price: how many steps, and the median and quartiles of their
-    measured over predicted time; where the calibration's model of it was priced at the fast one of several speeds
+    """Per (collective, link) with a positive price: how many steps, the median and quartiles of their measured over
+    predicted time, and its verdict; where the calibration's model of it was priced at the fast one of several speeds
     (`speeds`: (op, link) -> the largest slow-over-price ratio its sweep saw), also `sweep_slow_ratio` and
     `slow_steps`, the steps that ran more than SPEED_GAP over their price: at a slow speed, as its sweep's calls
     did."""
@@ -56,10 +90,11 @@ def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | N
     slow = ratio.apply(lambda r: int((r > 1 + SPEED_GAP).sum())) if speeds else None
     out = []
     for (op, link), r in q.iterrows():
+        recorded = speeds.get((op, link)) if speeds else None
         row = {"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),
-               "quartiles": [float(r[0.25]), float(r[0.75])]}
-        if speeds and (op, link) in speeds:
-            row.update(sweep_slow_ratio=float(speeds[(op, link)]), slow_steps=int(slow[(op, link)]))
+               "quartiles": [float(r[0.25]), float(r[0.75])], "verdict": verdict(float(r[0.5]), recorded)}
+        if recorded is not None:
+            row.update(sweep_slow_ratio=float(recorded), slow_steps=int(slow[(op, link)]))
         out.append(row)
     return out
 
@@ -73,8 +108,9 @@ def describe(by_link: dict, ratios: list[dict]) -> str:
         lines.append(f"    {link:<8} {ranking.text(v['comm_mean_accuracy'])}  ({v['strategies']} strategies)")
     lines.append("  collective steps, measured / predicted time: median [quartiles] (steps)")
     for r in ratios:
-        slow = (f"; {r['slow_steps']} over {1 + SPEED_GAP:.2f}x, priced at the fast one of the speeds its sweep's "
-                f"calls ran at (up to {r['sweep_slow_ratio']:.2f}x)" if r.get("slow_steps") else "")
+        notes = ([f"{r['slow_steps']} over {1 + SPEED_GAP:.2f}x, priced at the fast one of the speeds its sweep's calls "
+                  f"ran at (up to {r['sweep_slow_ratio']:.2f}x)"] if r.get("slow_steps") else [])
+        notes += [VERDICTS[r["verdict"]]] if r.get("verdict") in VERDICTS and r["verdict"] != "priced" else []
         lines.append(f"    {r['op'] + '/' + r['link']:<22} {r['median']:.3f} [{r['quartiles'][0]:.3f}, "
-                     f"{r['quartiles'][1]:.3f}] ({r['steps']}){slow}")
+                     f"{r['quartiles'][1]:.3f}] ({r['steps']})" + "".join(f"; {n}" for n in notes))
     return "\n".join(lines)

@@ -199,6 +199,7 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                  for name, g in frame.groupby("layer", sort=False)}
     by_link = attribution.link_accuracy(frame, steps, args.bootstrap, args.seed)
     ratios = attribution.step_ratios(steps, cal.several_speeds())
+    slow = attribution.slow_launch(ratios)
     machine = provenance.machine_name(hosts)
     atomic_write_json(f"{out}/summary.json", {
         "metrics": m, "calibration": args.calibration, "mesh": str(mesh), "machine": machine,
@@ -207,13 +208,17 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
         **host,
         "refine": {"rounds": cfg.refine_rounds, "margin": cfg.refine_margin, "strategies": int(frame["refined"].sum())},
-        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "cpu_steal": steal, "fallbacks": fallbacks,
+        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "slow_launch": slow, "cpu_steal": steal, "fallbacks": fallbacks,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
                   "time on that link class; step_ratios: measured / predicted time of each collective's steps "
                   f"(with slow_steps, those over {1 + SPEED_GAP:.2f}x, where the calibration priced the fast one of "
-                  "several speeds its sweep saw, up to sweep_slow_ratio)",
+                  "several speeds its sweep saw, up to sweep_slow_ratio) and verdict: priced (within "
+                  f"{attribution.OFF_PRICE:.0%}), slow_speed (at a slow speed the calibration records), slower or "
+                  "faster (off the price otherwise)",
+                  "slow_launch: every collective's verdict is slower: the launch ran slower than the calibration's "
+                  "sweep saw throughout; a second validate tells a slow launch from a calibration that prices too fast",
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",
@@ -232,6 +237,11 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
     print(f"validate: wrote {out} ({len(frame)} strategies)")
     print_metrics(m)
     print(attribution.describe(by_link, ratios))
+    if slow:
+        print(f"warning: every collective ran more than {attribution.OFF_PRICE:.0%} slower than its price and than any "
+              "speed its calibration records: this launch ran in conditions the calibration's sweep never saw (a slow "
+              "mode for the whole launch, other load), or the calibration prices too fast; validate again, and judge "
+              "the calibration by a launch that does not (docs/troubleshooting.md#a-validate-slower-than-priced-throughout)")
     print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(steal)}")
 
 

@@ -231,9 +231,14 @@ class Calibration:
         return tuple(lines)
 
     def several_speeds(self) -> dict[tuple[str, str], float]:
-        """(op, link) -> the largest slow-over-price ratio among the model's points priced at the fast one of several
-        speeds (`speeds`); only the models that have such points."""
-        return {key: m.speeds.max_ratio for key, m in self.result.models.items() if m.speeds is not None}
+        """(op, link) -> the largest slow-over-price ratio among the points of its models (back to back and after
+        compute) priced at the fast one of several speeds (`speeds`); only the collectives that have such points."""
+        after = self.result.after_compute
+        out: dict[tuple[str, str], float] = {}
+        for key, m in [*self.result.models.items(), *(after.models.items() if after else ())]:
+            if m.speeds is not None:
+                out[key] = max(out.get(key, 0.0), m.speeds.max_ratio)
+        return out
 
     def link_classes(self) -> dict[str, dict]:
         """name -> {"nodes", "ranks_per_node", "procs", "meaning", "shapes"}."""

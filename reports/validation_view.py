@@ -90,6 +90,7 @@ class StepRatio:
     q1: float
     q3: float
     slow_steps: int | None = None   # steps over 1 + SPEED_GAP where the calibration priced the fast one of several
+    verdict: str | None = None      # analysis.attribution.VERDICTS' key (summaries since 2026-11-28)
 
     @property
     def label(self) -> str:
@@ -165,11 +166,13 @@ def _step_ratios(obj, where: str) -> tuple[StepRatio, ...]:
         q = r["quartiles"]
         if not isinstance(q, list) or len(q) != 2:
             raise UsageError(f"{at}.quartiles must be [q1, q3]")
-        slow = r.get("slow_steps")
+        slow, verdict = r.get("slow_steps"), r.get("verdict")
+        if verdict is not None and not isinstance(verdict, str):
+            raise UsageError(f"{at}.verdict must be a string, not {verdict!r}")
         out.append(StepRatio(str(r["op"]), str(r["link"]), _count(r["steps"], f"{at}.steps"),
                              _number(r["median"], f"{at}.median"), _number(q[0], f"{at}.quartiles[0]"),
                              _number(q[1], f"{at}.quartiles[1]"),
-                             None if slow is None else _count(slow, f"{at}.slow_steps")))
+                             None if slow is None else _count(slow, f"{at}.slow_steps"), verdict))
     return tuple(out)
 
 
@@ -365,14 +368,17 @@ def link_table(by_link: tuple[LinkAccuracy, ...]) -> Table:
 
 def step_ratio_table(ratios: tuple[StepRatio, ...]) -> Table:
     """The step ratios; with a column of the steps that ran at a slow speed where any collective was priced at the
-    fast one of several (docs/methodology.md#speeds)."""
+    fast one of several (docs/methodology.md#speeds), and one of verdicts where the summary gives them."""
     speeds = any(r.slow_steps is not None for r in ratios)
+    verdicts = any(r.verdict is not None for r in ratios)
     rows = tuple((r.op, r.link, str(r.steps), f"{r.median:.3f}", f"{r.q1:.3f} – {r.q3:.3f}")
-                 + ((("-" if r.slow_steps is None else str(r.slow_steps)),) if speeds else ()) for r in ratios)
+                 + ((("-" if r.slow_steps is None else str(r.slow_steps)),) if speeds else ())
+                 + (((r.verdict or "-").replace("_", " "),) if verdicts else ()) for r in ratios)
     return Table("Collective steps: measured / predicted time", ("collective", "link class", "steps", "median",
                                                                  "quartiles")
                  + ((f"slow-speed steps (over {1 + SPEED_GAP:.2f}x; priced at the fast one of several speeds)",)
-                    if speeds else ()),
+                    if speeds else ())
+                 + (("verdict (priced: within 5%; slow speed: one the calibration records)",) if verdicts else ()),
                  rows)
 
 

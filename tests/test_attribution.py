@@ -70,6 +70,33 @@ def test_steps_of_a_model_priced_at_the_fast_one_of_several_speeds_are_counted_w
     assert "allreduce/intra        1.000 [1.000, 1.000] (1)\n" in text + "\n"
 
 
+def test_each_collective_gets_the_verdict_of_its_median_step_ratio():
+    """Within OFF_PRICE of the price: priced; for a collective priced at the fast one of several speeds, from
+    SPEED_GAP over the price (less OFF_PRICE for the price's own error) up to the slowest recorded speed (plus
+    OFF_PRICE): a recorded slow speed; off the price otherwise: slower or faster."""
+    got = {(r["op"], r["link"]): r["verdict"] for r in attribution.step_ratios(STEPS, {("alltoall", "intra"): 1.96,
+                                                                                      ("allgather", "intra"): 1.5})}
+    assert got == {("allgather", "inter"): "priced", ("allreduce", "inter"): "priced", ("allreduce", "intra"): "priced",
+                   ("alltoall", "intra"): "slow_speed",      # 1.5x, recorded up to 1.96x
+                   ("allgather", "intra"): "slower",         # 2x, past the recorded 1.5x and its 5%
+                   ("reduce_scatter", "intra"): "slower"}    # 1.25x, no speed recorded
+    v = attribution.verdict
+    assert v(1.049, None) == "priced" and v(0.951, 1.5) == "priced" and v(0.94, 1.5) == "faster"
+    assert v(1.09, 1.5) == "slower" and v(1.10, 1.5) == "slow_speed"     # a pricing error under the slow band
+    assert v(1.5 * 1.05, 1.5) == "slow_speed" and v(1.5 * 1.06, 1.5) == "slower"
+    text = attribution.describe({}, attribution.step_ratios(STEPS, {("alltoall", "intra"): 1.96}))
+    assert "(up to 1.96x); at a slow speed the calibration records" in text
+    assert "(1); slower than priced, beyond any speed the calibration records" in text
+
+
+def test_a_launch_is_slow_only_where_every_collective_ran_slower_than_anything_recorded():
+    ratios = attribution.step_ratios(STEPS)
+    assert not attribution.slow_launch(ratios) and not attribution.slow_launch([])       # some ran as priced
+    slow = STEPS.assign(measured_s=STEPS["predicted_s"] * 2.5)
+    assert attribution.slow_launch(attribution.step_ratios(slow))
+    assert not attribution.slow_launch(attribution.step_ratios(slow, {("alltoall", "intra"): 2.5}))  # a named speed
+
+
 def test_describe_names_every_link_and_collective():
     text = attribution.describe(attribution.link_accuracy(FRAME, STEPS, 0, 0), attribution.step_ratios(STEPS))
     assert "inter    0.9583  (2 strategies)" in text and "alltoall/intra" in text and "1.500 [1.250, 1.750] (2)" in text

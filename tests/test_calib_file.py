@@ -290,3 +290,14 @@ def test_validate_is_told_which_models_moved_between_launches():
     assert len(advice) == 2 and advice[1].startswith("1 model(s) priced some points at the fast one of several speeds")
     assert "allreduce/inter, the slower calls 1.96x the price at 4.1943e+06 B, 2 ranks" in advice[1], advice
     assert calibration_from_dict(data).several_speeds() == {("allreduce", "inter"): 1.96}
+
+
+def test_several_speeds_takes_the_slowest_of_the_back_to_back_and_after_compute_models():
+    """validate's steps of a collective are priced by either model, so the slowest speed either recorded bounds them."""
+    ab = {("allgather", "inter"): (5e-6, 1e-9), ("allreduce", "inter"): (5e-6, 1e-9)}
+    data = synthetic_calibration(ab, links={"inter": [2, 4]}, after_compute=ab)
+    speeds = lambda r: {"n_points": 1, "of_points": 9, "max_ratio": r, "max_at_bytes": 8.0, "max_at_procs": 2}  # noqa: E731
+    data["models"]["allreduce"]["inter"]["speeds"] = speeds(1.3)
+    data["after_compute"]["models"]["allreduce"]["inter"]["speeds"] = speeds(1.48)
+    data["after_compute"]["models"]["allgather"]["inter"]["speeds"] = speeds(1.2)
+    assert calibration_from_dict(data).several_speeds() == {("allreduce", "inter"): 1.48, ("allgather", "inter"): 1.2}

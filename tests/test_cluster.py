@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from analysis import ranking
+from analysis.attribution import OFF_PRICE
 from calib.points import load_runs
 from benchmarks import validate as bench_validate
 from conftest import REPO, VENV_BIN, run_cli
@@ -397,21 +398,18 @@ class Control:
         return json.loads((self.runs[a] / "summary.json").read_text()).get("step_ratios", [])
 
     def unnamed_off_price(self, a: int) -> list[str]:
-        """The operations whose steps ran more than OFF_PRICE off their price in validate a (median, validate's own
-        step_ratios) other than those that ran slower, at no more than the slowest speed the calibration records for
-        that model (its `speeds`: priced at the fast speed, the sweep's slower calls up to that ratio) plus OFF_PRICE:
-        a launch that drew the slow speed the calibration names is not a pricing error; a step faster than its
-        price, or slower than any call the sweep saw, is."""
-        return [f"{r['op']}/{r['link']} {r['median']:.3f}x its price" + (
+        """The collectives of validate a whose steps validate's own verdict (analysis.attribution.verdict) finds off
+        their price and at no slow speed the calibration records: a launch that drew a slow speed the calibration
+        names is not a pricing error; a step faster than its price, or slower than any speed the sweep saw, is."""
+        return [f"{r['op']}/{r['link']} {r['median']:.3f}x its price, {r['verdict']}" + (
                     f" (slowest speed recorded {r['sweep_slow_ratio']:.3f}x)" if "sweep_slow_ratio" in r else "")
-                for r in self.step_ratios(a) if abs(r["median"] - 1) > OFF_PRICE
-                and not (r["median"] > 1 and r["median"] <= r.get("sweep_slow_ratio", 0) * (1 + OFF_PRICE))]
+                for r in self.step_ratios(a) if r["verdict"] in ("slower", "faster")]
 
     def evidence(self) -> str:
         """Where a miss came from, for its failure message: each operation whose steps ran more than OFF_PRICE off
         their price in a validate, those steps, and the sweep points and segments of the models that priced them."""
         off = sorted({(row["op"], row["link"]) for a in range(len(self.runs)) for row in self.step_ratios(a)
-                      if abs(row["median"] - 1) > OFF_PRICE})
+                      if row["verdict"] != "priced"})
         if not off:
             return f"no operation's steps ran more than {OFF_PRICE:.0%} off their price (median over a validate)"
         steps = pd.concat([pd.read_parquet(r / "steps.parquet").assign(validate=r.name) for r in self.runs])
@@ -428,10 +426,6 @@ class Control:
         return "\n".join(lines)
 
 
-OFF_PRICE = 0.05
-"""How far (measured / predicted - 1, median over a validate's steps: analysis.attribution.step_ratios) an operation's
-steps may run off their price, or past the slowest speed the calibration records, before a control's accuracy miss
-counts as the calibration's (Control.unnamed_off_price) and its failure message shows the sweep points behind them."""
 
 
 def model_points(run: Path, op: str, link: str, model: dict) -> list[str]:

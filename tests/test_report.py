@@ -53,7 +53,7 @@ def write_validation(path: Path, with_summary: bool = True, fmt: str = "parquet"
             "by_link": {"inter": {"strategies": 3, "comm_mean_accuracy": metric(0.97, 0.95, 0.98)},
                         "intra": {"strategies": 2, "comm_mean_accuracy": metric(0.84, 0.79, 0.87)}},
             "step_ratios": [{"op": "allgather", "link": "inter", "steps": 5, "median": 1.07, "quartiles": [1.05, 1.08],
-                             "slow_steps": 1, "sweep_slow_ratio": 1.9},
+                             "slow_steps": 1, "sweep_slow_ratio": 1.9, "verdict": "slower"},
                             {"op": "alltoall", "link": "intra", "steps": 8, "median": 2.03, "quartiles": [1.6, 2.9]}],
             "notes": ["comm_*: communication time only"]}))
         (path / "run.json").write_text(json.dumps({"command": "validate", "machine": "testbox",
@@ -237,8 +237,9 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
     assert "Ranking accuracy per layer" in html and "Open MPI v5.0.9" in html and "communication time only" in html
     assert "<td>intra</td><td>2</td><td>0.84</td><td>0.79 – 0.87</td>" in html       # by_link
     assert "<td>alltoall</td><td>intra</td><td>8</td><td>2.030</td><td>1.600 – 2.900</td><td>-</td>" in html  # step_ratios
-    assert "<td>allgather</td><td>inter</td><td>5</td><td>1.070</td><td>1.050 – 1.080</td><td>1</td>" in html
-    assert "slow-speed steps" in html
+    assert "<td>allgather</td><td>inter</td><td>5</td><td>1.070</td><td>1.050 – 1.080</td><td>1</td><td>slower</td>" in html
+    assert "<td>1.600 – 2.900</td><td>-</td><td>-</td>" in html      # an older summary's row: no verdict
+    assert "slow-speed steps" in html and "verdict (priced" in html
     assert "No calibration given" not in html and "No validation given" not in html
 
 
@@ -277,8 +278,12 @@ def test_nothing_to_report_and_corrupt_inputs_are_one_line_usage_errors(inputs, 
     bad_slow = write_validation(tmp_path / "val3")
     (bad_slow / "summary.json").write_text('{"metrics": {}, "step_ratios": [{"op": "allgather", "link": "intra", '
                                            '"steps": 3, "median": 1.2, "quartiles": [1.1, 1.3], "slow_steps": "x"}]}')
+    bad_verdict = write_validation(tmp_path / "val4")
+    (bad_verdict / "summary.json").write_text('{"metrics": {}, "step_ratios": [{"op": "allgather", "link": "intra", '
+                                              '"steps": 3, "median": 1.2, "quartiles": [1.1, 1.3], "verdict": 7}]}')
     cases = [[], ["--run", str(bad_run)], ["--calibration", str(bad_cal)], ["--validation", str(bad_val)],
-             ["--validation", str(tmp_path)], ["--validation", str(bad_ratios)], ["--validation", str(bad_slow)]]
+             ["--validation", str(tmp_path)], ["--validation", str(bad_ratios)], ["--validation", str(bad_slow)],
+             ["--validation", str(bad_verdict)]]
     for args in cases:
         assert main(["report", *args, "--out", str(tmp_path / "out")]) == 2, args
     err = capsys.readouterr().err.strip().splitlines()
@@ -287,6 +292,7 @@ def test_nothing_to_report_and_corrupt_inputs_are_one_line_usage_errors(inputs, 
     assert "metrics.top1.value" in err[3] and "not a validation directory" in err[4]
     assert "step_ratios[0].quartiles must be [q1, q3]" in err[5]
     assert "step_ratios[0].slow_steps must be a count" in err[6]
+    assert "step_ratios[0].verdict must be a string" in err[7]
     assert not (tmp_path / "out" / "report.html").exists()
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from calib.synthetic import synthetic_calibration
 from conftest import REPO, mpi_env, mpiexec_argv, run_mpi
+from analysis import attribution
 from analysis.harness import TOLERANCE
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
@@ -30,11 +31,11 @@ FAST = ["--budget", "0.005", "--min-samples", "2", "--target-ci", "0.5", "--boot
 
 
 def calibration(path, links=("intra",), after_compute: bool = False, pages: str | None = None,
-                speeds: bool = False):
-    """A synthetic calibration; after_compute adds models 1 ms slower per call for collectives after compute;
-    pages: the huge-page advice its (one, made-up) sweep recorded; speeds: every model says some of its points were
-    priced at the fast one of several speeds (version 16 and later)."""
-    models = {(op, link): (5e-6, 1e-9) for op in OPS for link in links}
+                speeds: bool = False, alpha_beta: tuple[float, float] = (5e-6, 1e-9)):
+    """A synthetic calibration, every collective priced by `alpha_beta`; after_compute adds models 1 ms slower per
+    call for collectives after compute; pages: the huge-page advice its (one, made-up) sweep recorded; speeds: every
+    model says some of its points were priced at the fast one of several speeds (version 16 and later)."""
+    models = {(op, link): alpha_beta for op in OPS for link in links}
     after = {k: (1e-3, 1e-9) for k in models} if after_compute else None
     data = synthetic_calibration(models, links={l: [2, 4] for l in links}, gemm={"float32": 1e10, "float64": 5e9},
                                  after_compute=after)
@@ -48,6 +49,20 @@ def calibration(path, links=("intra",), after_compute: bool = False, pages: str 
                                            "mpi_library": "x", "versions": {}, "page_policy": pages})
     path.write_text(json.dumps(data))
     return str(path)
+
+
+def test_a_launch_slower_than_every_price_and_recorded_speed_is_named(tmp_path):
+    """A calibration pricing every collective a thousand times too fast (1 ns a call) with a slow speed recorded at
+    1.9x: every collective's verdict is slower, summary.json says slow_launch and validate warns, naming both causes."""
+    cal = calibration(tmp_path / "cal.json", speeds=True, alpha_beta=(1e-9, 1e-15))
+    out = tmp_path / "val"
+    proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST],
+                   check=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step_ratios"] and {r["verdict"] for r in summary["step_ratios"]} == {"slower"}
+    assert summary["slow_launch"] is True
+    assert "warning: every collective ran more than 5% slower than its price" in proc.stdout
+    assert "or the calibration prices too fast" in proc.stdout
 
 
 @pytest.mark.parametrize("ranks,mesh", [(2, "2"), (2, "1x2"), (4, "2x2"), (4, "4")])
@@ -109,6 +124,9 @@ def test_directory_is_what_the_report_reads(tmp_path):
     ratio = steps["measured_s"] / steps["predicted_s"]
     for (op, _), r in ratios.items():
         assert r["sweep_slow_ratio"] == 1.9 and r["slow_steps"] == int((ratio[steps["op"] == op] > 1.15).sum())
+        assert r["verdict"] == attribution.verdict(r["median"], 1.9)
+    assert summary["slow_launch"] == attribution.slow_launch(summary["step_ratios"])
+    assert ("warning: every collective ran" in proc.stdout) == summary["slow_launch"]
     assert "priced some points at the fast one of several speeds" in proc.stdout
     steps = steps.sort_values(["layer", "strategy", "index"])
     follows = steps.groupby(["layer", "strategy"])["op"].shift() == "compute"
