@@ -108,8 +108,8 @@ def describe(by_link: dict, ratios: list[dict]) -> str:
         lines.append(f"    {link:<8} {ranking.text(v['comm_mean_accuracy'])}  ({v['strategies']} strategies)")
     lines.append("  collective steps, measured / predicted time: median [quartiles] (steps)")
     for r in ratios:
-        notes = ([f"{r['slow_steps']} over {1 + SPEED_GAP:.2f}x, priced at the fast one of the speeds its sweep's calls "
-                  f"ran at (up to {r['sweep_slow_ratio']:.2f}x)"] if r.get("slow_steps") else [])
+        notes = ([f"{r['slow_steps']} over {1 + SPEED_GAP:.2f}x, priced at the fast one of the speeds its sweep's "
+                  f"calls ran at (up to {r['sweep_slow_ratio']:.2f}x)"] if r.get("slow_steps") else [])
         notes += [VERDICTS[r["verdict"]]] if r.get("verdict") in VERDICTS and r["verdict"] != "priced" else []
         lines.append(f"    {r['op'] + '/' + r['link']:<22} {r['median']:.3f} [{r['quartiles'][0]:.3f}, "
                      f"{r['quartiles'][1]:.3f}] ({r['steps']})" + "".join(f"; {n}" for n in notes))

@@ -208,7 +208,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "targets_met": int(frame["target_met"].sum()), "top_k": args.top_k, "bootstrap": args.bootstrap,
         **host,
         "refine": {"rounds": cfg.refine_rounds, "margin": cfg.refine_margin, "strategies": int(frame["refined"].sum())},
-        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "slow_launch": slow, "cpu_steal": steal, "fallbacks": fallbacks,
+        "layers": per_layer, "by_link": by_link, "step_ratios": ratios, "slow_launch": slow, "cpu_steal": steal,
+        "fallbacks": fallbacks,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "

@@ -296,7 +296,10 @@ def test_several_speeds_takes_the_slowest_of_the_back_to_back_and_after_compute_
     """validate's steps of a collective are priced by either model, so the slowest speed either recorded bounds them."""
     ab = {("allgather", "inter"): (5e-6, 1e-9), ("allreduce", "inter"): (5e-6, 1e-9)}
     data = synthetic_calibration(ab, links={"inter": [2, 4]}, after_compute=ab)
-    speeds = lambda r: {"n_points": 1, "of_points": 9, "max_ratio": r, "max_at_bytes": 8.0, "max_at_procs": 2}  # noqa: E731
+
+    def speeds(ratio: float) -> dict:
+        return {"n_points": 1, "of_points": 9, "max_ratio": ratio, "max_at_bytes": 8.0, "max_at_procs": 2}
+
     data["models"]["allreduce"]["inter"]["speeds"] = speeds(1.3)
     data["after_compute"]["models"]["allreduce"]["inter"]["speeds"] = speeds(1.48)
     data["after_compute"]["models"]["allgather"]["inter"]["speeds"] = speeds(1.2)

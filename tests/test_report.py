@@ -237,7 +237,8 @@ def test_full_report_writes_every_file_and_names_every_section(full_report):
     assert "Ranking accuracy per layer" in html and "Open MPI v5.0.9" in html and "communication time only" in html
     assert "<td>intra</td><td>2</td><td>0.84</td><td>0.79 – 0.87</td>" in html       # by_link
     assert "<td>alltoall</td><td>intra</td><td>8</td><td>2.030</td><td>1.600 – 2.900</td><td>-</td>" in html  # step_ratios
-    assert "<td>allgather</td><td>inter</td><td>5</td><td>1.070</td><td>1.050 – 1.080</td><td>1</td><td>slower</td>" in html
+    assert ("<td>allgather</td><td>inter</td><td>5</td><td>1.070</td><td>1.050 – 1.080</td><td>1</td><td>slower</td>"
+            in html)
     assert "<td>1.600 – 2.900</td><td>-</td><td>-</td>" in html      # an older summary's row: no verdict
     assert "slow-speed steps" in html and "verdict (priced" in html
     assert "No calibration given" not in html and "No validation given" not in html
