@@ -4,8 +4,8 @@ priced by the calibration entry of the axis's link class at the axis's group siz
 size of the step; a local computation costs the GEMM latency plus the longer of its flops at the GEMM rate
 and its memory traffic at the local copy rate (a roofline); each local layout copy that a step makes (a
 split off the outer dimension, say) costs the copy latency plus its bytes read and written at that rate,
-in the step's own time (communication or compute, as the harness measures it). A collective that directly
-follows a local computation in its schedule is priced by the calibration's after-compute models where it has them
+in the step's own time (communication or compute, as the harness measures it). A collective after a local
+computation in its schedule (after_compute) is priced by the calibration's after-compute models where it has them
 (`commcal fit --after-compute`): on a time-shared host such calls run slower than back to back. Calibrations without a
 copy rate (before version 3) price no traffic and no copies.
 The mesh is placed on the calibration's switch levels (Mesh.placed, Calibration.switch_spans): an axis whose groups
@@ -173,7 +173,15 @@ class Pricer:
 
 
 def after_compute(steps) -> list[bool]:
-    """For each entry of a schedule (in execution order), whether it directly follows a local computation: such
-    a collective is priced by the calibration's after-compute models where it has them (the first entry is not)."""
-    kinds = [hasattr(st, "flops") for st in steps]
-    return [False, *kinds[:-1]] if kinds else []
+    """For each entry of a schedule (in execution order), whether the last computation or collective before it is a
+    local computation: such a collective is priced by the calibration's after-compute models where it has them, one
+    after another collective by the main ones. A schedule runs again and again (training steps, validate's
+    iterations), so its first entries follow its last; layout steps (slices, relabels) are local work, passed over."""
+    kinds = ["compute" if hasattr(st, "flops") else "comm" if getattr(st, "is_comm", False) else None
+             for st in steps]
+    last = next((k for k in reversed(kinds) if k), None)
+    out = []
+    for kind in kinds:
+        out.append(last == "compute")
+        last = kind or last
+    return out
