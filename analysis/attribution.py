@@ -69,10 +69,12 @@ def verdict(median: float, slow_ratio: float | None) -> str:
 
 
 def slow_launch(ratios: list[dict]) -> bool:
-    """Every collective of a validate ran slower than priced and than any speed its calibration records (step_ratios'
-    verdicts): the launch ran in conditions the sweep never saw (a slow mode for the whole launch, other load), or the
-    calibration prices everything too fast; a second launch tells which."""
-    return bool(ratios) and all(r["verdict"] == "slower" for r in ratios)
+    """Every collective of a validate ran more than OFF_PRICE slower than priced (step_ratios' verdicts slower or
+    slow_speed): the launch ran slow throughout (a slow mode for the whole launch, other load), or the calibration
+    prices everything too fast; a second launch tells which. A recorded slow speed does not clear it: a model's slowest
+    recorded speed may come from another size (a latency-bound point's scheduling outlier, hundreds of times its
+    price), and one launch drawing slow speeds in every collective at once is the launch's draw, not the prices'."""
+    return bool(ratios) and all(r["verdict"] in ("slower", "slow_speed") for r in ratios)
 
 
 def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | None = None) -> list[dict]:

@@ -218,8 +218,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "several speeds its sweep saw, up to sweep_slow_ratio) and verdict: priced (within "
                   f"{attribution.OFF_PRICE:.0%}), slow_speed (at a slow speed the calibration records), slower or "
                   "faster (off the price otherwise)",
-                  "slow_launch: every collective's verdict is slower: the launch ran slower than the calibration's "
-                  "sweep saw throughout; a second validate tells a slow launch from a calibration that prices too fast",
+                  "slow_launch: every collective's verdict is slower or slow_speed: the launch ran slow throughout; a "
+                  "second validate tells a slow launch from a calibration that prices too fast",
                   "cpu_steal: per host, the share of CPU time a hypervisor gave other guests while validate ran "
                   "(null: unknown)", "allocator: cache, freed host memory stayed mapped for reuse (no page faults "
                   "on a step's new arrays); system: the C library's default",
@@ -239,10 +239,10 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
     print_metrics(m)
     print(attribution.describe(by_link, ratios))
     if slow:
-        print(f"warning: every collective ran more than {attribution.OFF_PRICE:.0%} slower than its price and than any "
-              "speed its calibration records: this launch ran in conditions the calibration's sweep never saw (a slow "
-              "mode for the whole launch, other load), or the calibration prices too fast; validate again, and judge "
-              "the calibration by a launch that does not (docs/troubleshooting.md#a-validate-slower-than-priced-throughout)")
+        print(f"warning: every collective ran more than {attribution.OFF_PRICE:.0%} slower than its price: this launch "
+              "ran slow throughout (a slow mode for the whole launch, other load), or the calibration prices too fast; "
+              "validate again, and judge the calibration by a launch that does not "
+              "(docs/troubleshooting.md#a-validate-slower-than-priced-throughout)")
     print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(steal)}")
 
 

@@ -61,7 +61,7 @@ def test_a_launch_slower_than_every_price_and_recorded_speed_is_named(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step_ratios"] and {r["verdict"] for r in summary["step_ratios"]} == {"slower"}
     assert summary["slow_launch"] is True
-    assert "warning: every collective ran more than 5% slower than its price" in proc.stdout
+    assert "warning: every collective ran more than 5% slower than its price: this launch ran slow" in proc.stdout
     assert "or the calibration prices too fast" in proc.stdout
 
 
