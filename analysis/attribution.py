@@ -48,7 +48,7 @@ priced: the 5% of the accuracy target (comm mean accuracy >= 0.95)."""
 VERDICTS = {
     "priced": f"within {OFF_PRICE:.0%} of the price",
     "slow_speed": "at a slow speed the calibration records",
-    "slower": "slower than priced, beyond any speed the calibration records",
+    "slower": "slower than priced, at no speed the calibration records",
     "faster": "faster than priced",
 }
 """What a collective's steps say of its price (verdict), and how validate words it."""

@@ -145,7 +145,8 @@ def _bench(argv) -> int:
         print(f"run {i + 1}, where the error comes from:\n" + attribution.describe(s["by_link"], s["step_ratios"]))
         print(f"  CPU time taken by the hypervisor (steal): {provenance.steal_text(s['cpu_steal'])}")
         if s.get("slow_launch"):
-            print("  a slow launch: every collective ran more than 5% slower than its price (summary.json slow_launch)")
+            print(f"  a slow launch: every collective ran more than {attribution.OFF_PRICE:.0%} slower than its price "
+                  "(summary.json slow_launch)")
     return 0
 
 

@@ -378,7 +378,7 @@ def step_ratio_table(ratios: tuple[StepRatio, ...]) -> Table:
                                                                  "quartiles")
                  + ((f"slow-speed steps (over {1 + SPEED_GAP:.2f}x; priced at the fast one of several speeds)",)
                     if speeds else ())
-                 + (("verdict (priced: within 5%; slow speed: one the calibration records)",) if verdicts else ()),
+                 + (("verdict (priced; slow speed: one the calibration records; slower; faster)",) if verdicts else ()),
                  rows)
 
 

@@ -400,7 +400,7 @@ class Control:
     def unnamed_off_price(self, a: int) -> list[str]:
         """The collectives of validate a whose steps validate's own verdict (analysis.attribution.verdict) finds off
         their price and at no slow speed the calibration records: a launch that drew a slow speed the calibration
-        names is not a pricing error; a step faster than its price, or slower than any speed the sweep saw, is."""
+        names is not a pricing error; a step faster than its price, or slower at no recorded speed, is."""
         return [f"{r['op']}/{r['link']} {r['median']:.3f}x its price, {r['verdict']}" + (
                     f" (slowest speed recorded {r['sweep_slow_ratio']:.3f}x)" if "sweep_slow_ratio" in r else "")
                 for r in self.step_ratios(a) if r["verdict"] in ("slower", "faster")]
@@ -424,8 +424,6 @@ class Control:
                 models = cal["after_compute"]["models"] if after else cal["models"]
                 lines += model_points(self.sweeps[bool(after)], op, link, models[op][link])
         return "\n".join(lines)
-
-
 
 
 def model_points(run: Path, op: str, link: str, model: dict) -> list[str]:
