@@ -125,8 +125,12 @@ class Pricer:
         return self.copy_latency_s + elements * self.itemsize / self.copy_bytes_per_s
 
     def copies_seconds(self, step) -> float:
-        """The local layout copies a redistribution step makes: each a call reading and writing its elements."""
-        return sum(self.traffic_seconds(2.0 * n) for n in step.copies)
+        """The local layout copies a redistribution step makes (copy_calls_seconds of their count and elements)."""
+        return self.copy_calls_seconds(len(step.copies), sum(step.copies))
+
+    def copy_calls_seconds(self, calls: int, elements: float) -> float:
+        """`calls` local layout copies of `elements` in all, each a call reading and writing its elements."""
+        return calls * self.copy_latency_s + 2.0 * elements * self.itemsize / self.copy_bytes_per_s if calls else 0.0
 
     def step_seconds(self, step, after: bool = False) -> float:
         """One schedule entry's predicted seconds, as price() counts it; `after`: it follows a local computation

@@ -110,8 +110,9 @@ def main(args, cfg, layers, cal) -> int:
 
 
 STEP_COLUMNS = ("layer", "strategy", "index", "what", "op", "axis", "link", "size_bytes", "after_compute",
-                "predicted_s", "measured_s")
-"""The steps table's columns (_step_rows; a pipeline-only run has no steps)."""
+                "copy_calls", "copy_elements", "predicted_s", "measured_s")
+"""The steps table's columns (_step_rows; a pipeline-only run has no steps). copy_calls and copy_elements: the
+step's local layout copies, priced within predicted_s (so benchmarks.rescore can price them again)."""
 
 
 def _pipeline_row(args, cfg, name, model, pipe, world, backend) -> dict:
@@ -174,11 +175,13 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     for k, (e, after, meas) in enumerate(zip(entries, after_compute(entries), timed.item_median_s)):
         if isinstance(e, Compute):
             out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
-                        "link": "", "size_bytes": 0, "after_compute": after, "predicted_s": pricer.step_seconds(e),
+                        "link": "", "size_bytes": 0, "after_compute": after, "copy_calls": 0, "copy_elements": 0,
+                        "predicted_s": pricer.step_seconds(e),
                         "measured_s": meas})
             continue
         out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,
                     "link": e.link, "size_bytes": e.size_bytes, "after_compute": after,
+                    "copy_calls": len(e.copies), "copy_elements": sum(e.copies),
                     "predicted_s": pricer.step_seconds(e, after), "measured_s": meas})
     return out
 

@@ -61,15 +61,21 @@ class Anchor:
 
 
 def rescore(run: Path, pricer: Pricer, anchor: Anchor | None) -> dict:
-    """The run's metrics with its collective steps priced by `pricer` (times anchor's ratio)."""
+    """The run's metrics with its collective steps priced by `pricer` (times anchor's ratio), their layout copies
+    included; a steps.csv from before validate recorded the copies has them priced as none (a note says so)."""
     steps = pd.read_csv(run / "steps.csv")
     coll = steps[steps["op"].isin(list(OPS)) & (steps["size_bytes"] > 0)].copy()
+    if not {"copy_calls", "copy_elements"} <= set(coll.columns):
+        print(f"rescore: {run}/steps.csv records no layout copies (an older validate): its steps are re-priced "
+              "without them", file=sys.stderr)
+        coll["copy_calls"] = coll["copy_elements"] = 0
     new = []
-    for op, axis, size, after in zip(coll["op"], coll["axis"], coll["size_bytes"], coll["after_compute"]):
+    for op, axis, size, after, calls, elements in zip(coll["op"], coll["axis"], coll["size_bytes"],
+                                                      coll["after_compute"], coll["copy_calls"], coll["copy_elements"]):
         price = float(pricer.seconds(op, int(axis), float(size), after=bool(after)))
         if anchor is not None:
             price *= anchor.ratio(op, pricer.link(op, int(axis)), pricer.mesh.shape[int(axis)], bool(after), size)
-        new.append(price)
+        new.append(price + pricer.copy_calls_seconds(int(calls), float(elements)))
     coll["delta"] = np.array(new) - coll["predicted_s"]
     delta = coll.groupby(["layer", "strategy"])["delta"].sum()
     frame = pd.read_parquet(run / "strategies.parquet")

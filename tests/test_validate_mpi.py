@@ -273,19 +273,26 @@ def test_validate_sh_passes_its_backend_knob_and_refuses_a_bad_one(tmp_path):
 
 
 def test_bench_rescore_reprices_a_stored_validate_as_validate_priced_it(tmp_path):
-    """benchmarks.rescore re-prices a validate's collective steps without MPI: with the calibration the validate
-    used, every metric comes back unchanged; with one whose every alpha and beta is three times as large, the metrics
-    are those of the stored table with its communication predictions tripled; a directory that is no validate's
-    output, or a calibration it cannot read, is one line and exit 2."""
+    """benchmarks.rescore re-prices a validate's collective steps without MPI, layout copies included (the
+    embedding's sparse all-gather packs and unpacks its rows): with the calibration the validate used, every metric
+    comes back unchanged; with one whose every alpha and beta is three times as large, the metrics are those of the
+    stored table with its collectives' predictions tripled and their copies as they were; a directory that is no
+    validate's output, or a calibration it cannot read, is one line and exit 2."""
     from analysis import ranking
     from analysis.pricing import Pricer
     from benchmarks import rescore
     from calib.calibration import load_calibration
+    from microbench.ops import OPS
     cal = calibration(tmp_path / "cal.json")
+    data = json.loads(Path(cal).read_text())
+    data["compute"]["copy"] = {"bytes_per_s": 1e9, "latency_s": 1e-6, "n_points": 2, "groups_per_node": 1}
+    Path(cal).write_text(json.dumps(data))
     out = tmp_path / "v"
-    proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), *LAYERS[:4], *FAST], timeout=300)
+    proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), *LAYERS, *FAST], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
+    steps = pd.read_csv(out / "steps.csv")
+    assert (steps["copy_calls"] > 0).any(), "no step with layout copies: the copies go unchecked"
     mesh = rescore._mesh(summary)
     same = rescore.rescore(out, Pricer(load_calibration(cal), mesh), None)
     for name in rescore.METRICS:
@@ -300,7 +307,11 @@ def test_bench_rescore_reprices_a_stored_validate_as_validate_priced_it(tmp_path
     triple.write_text(json.dumps(data))
     got = rescore.rescore(out, Pricer(load_calibration(str(triple)), mesh), None)
     frame = pd.read_parquet(out / "strategies.parquet")
-    frame["predicted_comm_s"] *= 3
+    pricer = Pricer(load_calibration(cal), mesh)
+    coll = steps[steps["op"].isin(list(OPS)) & (steps["size_bytes"] > 0)]
+    copies = [pricer.copy_calls_seconds(c, e) for c, e in zip(coll["copy_calls"], coll["copy_elements"])]
+    comm = (coll["predicted_s"] - copies).groupby([coll["layer"], coll["strategy"]]).sum()
+    frame["predicted_comm_s"] += [2 * comm.get(k, 0.0) for k in zip(frame["layer"], frame["strategy"])]
     want = ranking.flat(ranking.frame_scores(frame, 3, 0, 0))
     assert got["comm_mean_accuracy"]["value"] != pytest.approx(same["comm_mean_accuracy"]["value"])
     for name in rescore.METRICS:
