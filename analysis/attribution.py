@@ -4,13 +4,14 @@ step time per link class. Pure pandas over validate's strategies and steps table
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
 from analysis import ranking
 from analysis.colossal import ROOTED
 from analysis.redistribute import COLLECTIVES
+from calib.result import Speeds
 from microbench.stats import SPEED_GAP
 
 KEY = ["layer", "strategy"]
@@ -77,12 +78,12 @@ def slow_launch(ratios: list[dict]) -> bool:
     return bool(ratios) and all(r["verdict"] in ("slower", "slow_speed") for r in ratios)
 
 
-def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | None = None) -> list[dict]:
+def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], Sequence[Speeds]] | None = None) -> list[dict]:
     """Per (collective, link) with a positive price: how many steps, the median and quartiles of their measured over
     predicted time, and its verdict; where the calibration's model of it was priced at the fast one of several speeds
-    (`speeds`: (op, link) -> the largest slow-over-price ratio its sweep saw), also `sweep_slow_ratio` and
-    `slow_steps`, the steps that ran more than SPEED_GAP over their price: at a slow speed, as its sweep's calls
-    did."""
+    at the sweep sizes around its steps' sizes (`speeds`: (op, link) -> its models' speeds; Speeds.ratio_at), also
+    `sweep_slow_ratio`, the largest slow-over-price ratio there, and `slow_steps`, the steps that ran more than
+    SPEED_GAP over their price: at a slow speed, as its sweep's calls did."""
     rows = _collective_steps(steps)
     rows = rows[rows["predicted_s"] > 0]
     if rows.empty:                   # no collective steps (a pipeline-only run)
@@ -90,9 +91,11 @@ def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], float] | N
     ratio = (rows["measured_s"] / rows["predicted_s"]).groupby([rows["op"], rows["link"]])
     q = ratio.quantile([0.25, 0.5, 0.75]).unstack()
     slow = ratio.apply(lambda r: int((r > 1 + SPEED_GAP).sum())) if speeds else None
+    sizes = rows.groupby(["op", "link"])["size_bytes"].agg(["min", "max"])
     out = []
     for (op, link), r in q.iterrows():
-        recorded = speeds.get((op, link)) if speeds else None
+        seen = [s.ratio_at(*sizes.loc[(op, link)]) for s in (speeds or {}).get((op, link), ())]
+        recorded = max((x for x in seen if x is not None), default=None)
         row = {"op": op, "link": link, "steps": int(ratio.size()[(op, link)]), "median": float(r[0.5]),
                "quartiles": [float(r[0.25]), float(r[0.75])], "verdict": verdict(float(r[0.5]), recorded)}
         if recorded is not None:

@@ -15,11 +15,11 @@ import numpy as np
 from jsonschema import Draft202012Validator
 
 from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_terms, segment_bounds
-from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model
+from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model, Speeds
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
@@ -35,7 +35,8 @@ split into speeds each held by a quarter of them or more, priced at the fastest,
 calls' median over the price, where 16 priced and counted only a fastest speed held by less than half and divided the
 pooled median; 18 also prices a bandwidth-bound point's fast minority, held by a twentieth of its calls and two
 calls, where it moves its bytes no faster than its operation's largest size does (calib.points.sustained_minorities),
-where 17 asked a quarter)."""
+where 17 asked a quarter; 19 adds speeds.sizes and speeds.ratios, the slow-over-price ratio at each size; absent: only
+max_ratio, wherever it was seen)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -230,14 +231,14 @@ class Calibration:
                          "up to that much over their price (docs/methodology.md#speeds)")
         return tuple(lines)
 
-    def several_speeds(self) -> dict[tuple[str, str], float]:
-        """(op, link) -> the largest slow-over-price ratio among the points of its models (back to back and after
-        compute) priced at the fast one of several speeds (`speeds`); only the collectives that have such points."""
+    def several_speeds(self) -> dict[tuple[str, str], tuple[Speeds, ...]]:
+        """(op, link) -> the `speeds` of its models (back to back and after compute) that priced points at the fast
+        one of several speeds; only the collectives that have such points."""
         after = self.result.after_compute
-        out: dict[tuple[str, str], float] = {}
+        out: dict[tuple[str, str], tuple[Speeds, ...]] = {}
         for key, m in [*self.result.models.items(), *(after.models.items() if after else ())]:
             if m.speeds is not None:
-                out[key] = max(out.get(key, 0.0), m.speeds.max_ratio)
+                out[key] = (*out.get(key, ()), m.speeds)
         return out
 
     def link_classes(self) -> dict[str, dict]:

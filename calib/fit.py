@@ -98,8 +98,8 @@ def launch_spread(df: pd.DataFrame) -> LaunchSpread | None:
 
 
 def speeds(df: pd.DataFrame) -> Speeds | None:
-    """The points of one model priced at the fastest of several speeds (calib.points `slow_ratio` > 1), None where
-    there are none."""
+    """The points of one model priced at the fastest of several speeds (calib.points `slow_ratio` > 1), with the
+    largest such ratio at each size (1 where none), None where there are none."""
     if "slow_ratio" not in df:
         return None
     ratio = pd.to_numeric(df["slow_ratio"], errors="coerce")
@@ -107,7 +107,9 @@ def speeds(df: pd.DataFrame) -> Speeds | None:
     if not fast.any():
         return None
     worst = df.loc[ratio.idxmax()]
-    return Speeds(int(fast.sum()), len(df), float(ratio.max()), float(worst["size_bytes"]), int(worst["procs"]))
+    per_size = ratio.where(fast, 1.0).groupby(pd.to_numeric(df["size_bytes"])).max().sort_index()
+    return Speeds(int(fast.sum()), len(df), float(ratio.max()), float(worst["size_bytes"]), int(worst["procs"]),
+                  tuple(float(x) for x in per_size.index), tuple(float(x) for x in per_size))
 
 
 def fit_model(op: str, link: str, df: pd.DataFrame, opts: FitOptions) -> tuple[Model | None, list[str]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 18
+VERSION = 19
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]
@@ -125,13 +125,29 @@ class Speeds(Record):
     """(version 16; 17 and 18: as counted since) A model's points whose calls ran at several speeds, each held by a
     quarter of the calls or more (microbench.stats.point_speeds) or (18) a sustained fast minority
     (calib.points.sustained_minorities), and that are priced at the fastest: how many, of how many, and the largest
-    ratio of such a point's slower calls' median to its price, and where."""
+    ratio of such a point's slower calls' median to its price, and where; (19) that ratio at each size, so that a
+    step is judged by the speeds its sweep saw near its size, not by an outlier of another size."""
 
     n_points: int
     of_points: int
     max_ratio: float
     max_at_bytes: float
     max_at_procs: int
+    sizes: tuple[float, ...] | None = field(default=None, metadata=OPTIONAL)
+    ratios: tuple[float, ...] | None = field(default=None, metadata=OPTIONAL)
+
+    def ratio_at(self, lo_bytes: float, hi_bytes: float) -> float | None:
+        """The largest slow-over-price ratio the sweep saw at the sizes it measured from the one at or below
+        `lo_bytes` to the one at or above `hi_bytes` (version 19: `sizes`, every size of the model's points, and
+        `ratios`, the largest at each, 1 where one speed); None where every such ratio is 1. Before 19: max_ratio,
+        wherever it was seen."""
+        if self.sizes is None or self.ratios is None:
+            return self.max_ratio
+        below = [i for i, s in enumerate(self.sizes) if s <= lo_bytes]
+        above = [i for i, s in enumerate(self.sizes) if s >= hi_bytes]
+        first, last = (below[-1] if below else 0), (above[0] if above else len(self.sizes) - 1)
+        worst = max(self.ratios[first:last + 1], default=1.0)
+        return worst if worst > 1 else None
 
 
 @dataclass(frozen=True)

@@ -211,9 +211,13 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     assert np.allclose(priced[0] / priced[1], 1, atol=0.02), priced[0] / priced[1]   # pooled medians: 1.2-1.9x
     model = data["models"]["pingpong"]["inter2"]
     assert model["speeds"]["n_points"] >= 3 and model["speeds"]["max_ratio"] > 1.5
+    at = dict(zip(model["speeds"]["sizes"], model["speeds"]["ratios"]))        # version 19: the ratio at each size
+    assert model["speeds"]["sizes"] == sorted(at) and max(at.values()) == model["speeds"]["max_ratio"]
+    assert min(at[s] for s in (1 << 20, 2 << 20, 4 << 20)) > 1.5 and at.get(3 << 20, 1.0) < 1.5
+    assert all(r == 1.0 for s, r in at.items() if s < 1 << 20)
     assert any("ran at several speeds" in w for w in model["warnings"])
     assert "speeds" not in clean["models"]["pingpong"]["inter"]
-    assert calibration_from_dict(data).data["version"] == 18
+    assert calibration_from_dict(data).data["version"] == 19
 
 
 def test_a_sustained_fast_minority_is_priced_and_a_token_buckets_burst_is_not(tmp_path):
