@@ -106,6 +106,11 @@ def validate(data: object, where: str = "calibration") -> None:
                 if model["algorithm"] not in known_algorithms():
                     raise UsageError(f"{where}: key '{key}.{op}.{link}.algorithm' is {model['algorithm']!r}, "
                                      f"expected one of {list(known_algorithms())}")
+                speeds = model.get("speeds", {})
+                if len(speeds.get("sizes", ())) != len(speeds.get("ratios", ())) \
+                        or list(speeds.get("sizes", ())) != sorted(speeds.get("sizes", ())):
+                    raise UsageError(f"{where}: key '{key}.{op}.{link}.speeds': sizes must ascend and ratios give one "
+                                     "ratio per size")
 
 
 def model_sets(data: dict) -> list[tuple[str, dict]]:

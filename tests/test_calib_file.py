@@ -81,7 +81,16 @@ def _mutations():
         (put(["models", "allreduce", "inter", "algorithm"], "magic"), "'models.allreduce.inter.algorithm' is 'magic'"),
         (put([*seg, "alpha_ci95_s"], [0.0, math.nan]), "key 'models.allreduce.inter.segments.0.alpha_ci95_s.1' is "
                                                        "not a finite number"),
+        (put(["models", "allreduce", "inter", "speeds"], dict(SPEEDS, ratios=[1.0])),
+         "key 'models.allreduce.inter.speeds': sizes must ascend and ratios give one ratio per size"),
+        (put(["models", "allreduce", "inter", "speeds"], dict(SPEEDS, sizes=[1024.0, 8.0])),
+         "key 'models.allreduce.inter.speeds': sizes must ascend"),
     ]
+
+
+SPEEDS = {"n_points": 1, "of_points": 2, "max_ratio": 1.5, "max_at_bytes": 1024.0, "max_at_procs": 2,
+          "sizes": [8.0, 1024.0], "ratios": [1.0, 1.5]}
+"""A version 19 model's speeds (the loader's own checks mutate it)."""
 
 
 @pytest.mark.parametrize("mutate,message", _mutations())
