@@ -6,6 +6,7 @@ the file exactly. Provenance, fit options and link classes stay the plain JSON o
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from copy import deepcopy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -139,13 +140,12 @@ class Speeds(Record):
     def ratio_at(self, lo_bytes: float, hi_bytes: float) -> float | None:
         """The largest slow-over-price ratio the sweep saw at the sizes it measured from the one at or below
         `lo_bytes` to the one at or above `hi_bytes` (version 19: `sizes`, every size of the model's points, and
-        `ratios`, the largest at each, 1 where one speed); None where every such ratio is 1. Before 19: max_ratio,
-        wherever it was seen."""
+        `ratios`, the largest at each, 1 where one speed; the loader holds `sizes` ascending); None where every such
+        ratio is 1. Before 19: max_ratio, wherever it was seen."""
         if self.sizes is None or self.ratios is None:
             return self.max_ratio
-        below = [i for i, s in enumerate(self.sizes) if s <= lo_bytes]
-        above = [i for i, s in enumerate(self.sizes) if s >= hi_bytes]
-        first, last = (below[-1] if below else 0), (above[0] if above else len(self.sizes) - 1)
+        first = max(bisect_right(self.sizes, lo_bytes) - 1, 0)
+        last = min(bisect_left(self.sizes, hi_bytes), len(self.sizes) - 1)
         worst = max(self.ratios[first:last + 1], default=1.0)
         return worst if worst > 1 else None
 
