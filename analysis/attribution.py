@@ -81,7 +81,8 @@ def slow_launch(ratios: list[dict]) -> bool:
 def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], Sequence[Speeds]] | None = None) -> list[dict]:
     """Per (collective, link) with a positive price: how many steps, the median and quartiles of their measured over
     predicted time, and its verdict; where the calibration's model of it was priced at the fast one of several speeds
-    at the sweep sizes around its steps' sizes (`speeds`: (op, link) -> its models' speeds; Speeds.ratio_at), also
+    at the sweep sizes around the sizes its steps were priced at (steps' priced_bytes, size_bytes in tables from
+    before it; `speeds`: (op, link) -> its models' speeds; Speeds.ratio_at), also
     `sweep_slow_ratio`, the largest slow-over-price ratio there, and `slow_steps`, the steps that ran more than
     SPEED_GAP over their price: at a slow speed, as its sweep's calls did."""
     rows = _collective_steps(steps)
@@ -91,7 +92,8 @@ def step_ratios(steps: pd.DataFrame, speeds: Mapping[tuple[str, str], Sequence[S
     ratio = (rows["measured_s"] / rows["predicted_s"]).groupby([rows["op"], rows["link"]])
     q = ratio.quantile([0.25, 0.5, 0.75]).unstack()
     slow = ratio.apply(lambda r: int((r > 1 + SPEED_GAP).sum())) if speeds else None
-    sizes = rows.groupby(["op", "link"])["size_bytes"].agg(["min", "max"])
+    read_at = "priced_bytes" if "priced_bytes" in rows else "size_bytes"
+    sizes = rows.groupby(["op", "link"])[read_at].agg(["min", "max"])
     out = []
     for (op, link), r in q.iterrows():
         seen = [s.ratio_at(*sizes.loc[(op, link)]) for s in (speeds or {}).get((op, link), ())]

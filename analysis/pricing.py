@@ -98,7 +98,13 @@ class Pricer:
         link = self.link(op, axis)
         if link is None:
             return np.full(size_bytes.shape, np.inf)
-        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], size_bytes * self.sharing(link, axis), after)
+        return self.cal.predict_seconds(op, link, self.mesh.shape[axis], self.priced_bytes(op, axis, size_bytes), after)
+
+    def priced_bytes(self, op: str, axis: int, size_bytes):
+        """The size the calibration is read at for `op` on `axis`: `size_bytes` times the link's sharing (a link
+        carrying k of the axis's groups at once moves each group's bytes as k times as many of one)."""
+        link = self.link(op, axis)
+        return size_bytes * (self.sharing(link, axis) if link is not None else 1.0)
 
     def compute_seconds(self, flops: float, elements: float = 0.0) -> float:
         """A local computation: the GEMM latency plus the longer of flops at the GEMM rate and the traffic of

@@ -109,10 +109,12 @@ def main(args, cfg, layers, cal) -> int:
     return 0
 
 
-STEP_COLUMNS = ("layer", "strategy", "index", "what", "op", "axis", "link", "size_bytes", "after_compute",
-                "copy_calls", "copy_elements", "predicted_s", "measured_s")
-"""The steps table's columns (_step_rows; a pipeline-only run has no steps). copy_calls and copy_elements: the
-step's local layout copies, priced within predicted_s (so benchmarks.rescore can price them again)."""
+STEP_COLUMNS = ("layer", "strategy", "index", "what", "op", "axis", "link", "size_bytes", "priced_bytes",
+                "after_compute", "copy_calls", "copy_elements", "predicted_s", "measured_s")
+"""The steps table's columns (_step_rows; a pipeline-only run has no steps). priced_bytes: the size the calibration
+was read at (size_bytes times the link's sharing: Pricer.priced_bytes), the size whose sweep speeds judge the step;
+copy_calls and copy_elements: the step's local layout copies, priced within predicted_s (so benchmarks.rescore can
+price them again)."""
 
 
 def _pipeline_row(args, cfg, name, model, pipe, world, backend) -> dict:
@@ -175,12 +177,14 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     for k, (e, after, meas) in enumerate(zip(entries, after_compute(entries), timed.item_median_s)):
         if isinstance(e, Compute):
             out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
-                        "link": "", "size_bytes": 0, "after_compute": after, "copy_calls": 0, "copy_elements": 0,
+                        "link": "", "size_bytes": 0, "priced_bytes": 0, "after_compute": after, "copy_calls": 0, "copy_elements": 0,
                         "predicted_s": pricer.step_seconds(e),
                         "measured_s": meas})
             continue
         out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,
-                    "link": e.link, "size_bytes": e.size_bytes, "after_compute": after,
+                    "link": e.link, "size_bytes": e.size_bytes,
+                    "priced_bytes": float(pricer.priced_bytes(e.op, e.axis, float(e.size_bytes)) if e.is_comm
+                                          else e.size_bytes), "after_compute": after,
                     "copy_calls": len(e.copies), "copy_elements": sum(e.copies),
                     "predicted_s": pricer.step_seconds(e, after), "measured_s": meas})
     return out

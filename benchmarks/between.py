@@ -1,10 +1,10 @@
 """Benchmark: how well a calibration swept on a size grid predicts sizes the fit never saw, beside how well one run
-predicts another at those sizes. Sweeps twice (two MPI launches, A and B), each time the grid and the sizes between
-its points in one sweep, fits A's grid points alone, and prints per operation the median |relative error| at the
-between sizes of
+predicts another at those sizes. Sweeps twice (runs A and B), each time the grid and the sizes between its points in
+one sweep split over MPI launches as slurm/sweep.sh splits it (default two: a run is what the default path measures),
+fits A's grid points alone, and prints per operation the median |relative error| at the between sizes of
 
     calibration A -> B   (the price a planner gets, against a later run: what validate meets)
-    calibration A -> A   (against the launch it was fitted in: the model alone, without drift between runs)
+    calibration A -> A   (against the run it was fitted in: the model alone, without drift between runs)
     run A -> run B       (one run's measured times as the prediction of the other's: the noise ceiling)
 
 and the gap in points between the first and the last (issue 31's target: within 2 points for every operation); then
@@ -57,11 +57,17 @@ def local_launch() -> str:
 
 
 def _sweep(launch: list[str], out: Path, sizes: list[int], args: argparse.Namespace) -> None:
-    argv = [*launch, sys.executable, "-m", "reports.cli", "sweep", "--out", str(out), "--ops", args.ops,
-            "--links", args.links, "--procs", "2", "--sizes", ",".join(map(str, sizes)), *shlex.split(args.sweep_args)]
-    print("$", shlex.join(argv), flush=True)
+    """One run: the sizes swept into `out` over args.launches MPI launches as slurm/sweep.sh splits them (launch k
+    measures the visits up to round ceil(k * rounds / launches) with --resume; retries wait for the last)."""
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.getuid() == 0 else {}
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **root})
+    launches = min(args.launches, args.rounds)
+    for k in range(1, launches + 1):
+        upto = ["--rounds", str(-(-k * args.rounds // launches))] + (["--retries", "0"] if k < launches else [])
+        argv = [*launch, sys.executable, "-m", "reports.cli", "sweep", "--out", str(out), "--resume", "--ops", args.ops,
+                "--links", args.links, "--procs", "2", "--sizes", ",".join(map(str, sizes)),
+                *shlex.split(args.sweep_args), *upto]
+        print("$", shlex.join(argv), flush=True)
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **root})
 
 
 def grid_only(run: Path, out: Path, grid: set[int]) -> None:
@@ -138,7 +144,7 @@ def flagged(err: pd.DataFrame, changes: list[HiddenChange]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.between", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="directory for the runs and the calibration")
+    ap.add_argument("--out", required=True, help="directory for the runs (measured afresh) and the calibration")
     ap.add_argument("--launch", default=None,
                     help="launcher prefix for the 2-rank sweeps (default: local mpirun -n 2 --oversubscribe "
                          "--bind-to none)")
@@ -146,13 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default=OPS, help=f"operations (default {OPS})")
     ap.add_argument("--grid", default="1K:4M", help="the fit's sizes (default 1K:4M, powers of two)")
     ap.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments for every sweep")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per run (default 3, the sweep's)")
+    ap.add_argument("--launches", type=int, default=2,
+                    help="MPI launches each run's rounds are split over (default 2, slurm/sweep.sh's COMMCAL_LAUNCHES; "
+                         "1: one launch per run)")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.launches < 1:
+        ap.error("--rounds and --launches must be 1 or more")
     out, launch = Path(args.out), shlex.split(args.launch or local_launch())
     grid = parse_sizes(args.grid)
     mids = between(grid)
     print(f"grid {len(grid)} sizes {format_size(grid[0])}..{format_size(grid[-1])}; {len(mids)} between sizes")
     sizes = sorted(set(grid) | set(mids))
-    for name in ("A", "B"):                    # each run is one launch over the grid and the sizes between
+    print(f"each run: {args.rounds} rounds over {min(args.launches, args.rounds)} launch(es)")
+    for name in ("A", "B"):                    # each run: the grid and the sizes between, as the default path sweeps
+        shutil.rmtree(out / name, ignore_errors=True)          # measured afresh, never resumed from an earlier call
         _sweep(launch, out / name, sizes, args)
     grid_only(out / "A", out / "A-grid", set(grid))
     cal_path = out / "A-grid.json"

@@ -74,7 +74,8 @@ def rescore(run: Path, pricer: Pricer, anchor: Anchor | None) -> dict:
                                                       coll["after_compute"], coll["copy_calls"], coll["copy_elements"]):
         price = float(pricer.seconds(op, int(axis), float(size), after=bool(after)))
         if anchor is not None:
-            price *= anchor.ratio(op, pricer.link(op, int(axis)), pricer.mesh.shape[int(axis)], bool(after), size)
+            price *= anchor.ratio(op, pricer.link(op, int(axis)), pricer.mesh.shape[int(axis)], bool(after),
+                                  float(pricer.priced_bytes(op, int(axis), float(size))))
         new.append(price + pricer.copy_calls_seconds(int(calls), float(elements)))
     coll["delta"] = np.array(new) - coll["predicted_s"]
     delta = coll.groupby(["layer", "strategy"])["delta"].sum()

@@ -139,3 +139,19 @@ def test_a_step_is_judged_by_the_speeds_its_sweep_saw_at_the_sizes_around_it():
     assert s.ratio_at(600_000, 600_000) == 1.96 and s.ratio_at(1 << 20, 1 << 20) is None      # a measured size: its own
     assert s.ratio_at(2 << 20, 2 << 20) is None and s.ratio_at(1e9, 1e9) is None       # past the largest size
     assert s.ratio_at(1, 1) == 389.0 and s.ratio_at(8, 8) == 389.0                    # at or below the smallest
+
+
+def test_a_shared_link_step_is_judged_at_the_size_it_was_priced_at():
+    """A step on a link that k groups share is priced at k times its bytes (steps' priced_bytes); its verdict reads
+    the sweep's speeds there, not at its own size. An inter all-gather of 1 MiB that ran 1.5x its price, priced at
+    2 MiB where the sweep saw a 1.8x slow speed, is a recorded slow speed; read at 1 MiB, where the sweep saw one
+    speed, it would be slower."""
+    sizes = (512 * 1024.0, 1 << 20, 2 << 20, 4 << 20)
+    speeds = {("allgather", "inter"): recorded(1.8, sizes, (1.0, 1.0, 1.8, 1.0))}
+    steps = pd.DataFrame([("L", "s1", "allgather", "inter", 1 << 20, 2 << 20, 0.010, 0.015)],
+                         columns=["layer", "strategy", "op", "link", "size_bytes", "priced_bytes", "predicted_s",
+                                  "measured_s"])
+    (row,) = attribution.step_ratios(steps, speeds)
+    assert row["verdict"] == "slow_speed" and row["sweep_slow_ratio"] == 1.8
+    (row,) = attribution.step_ratios(steps.drop(columns="priced_bytes"), speeds)       # a table from before it
+    assert row["verdict"] == "slower"

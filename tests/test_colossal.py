@@ -132,6 +132,8 @@ def test_collectives_are_priced_by_their_axis_link_and_sharing():
     assert comm[0] == pytest.approx(want, rel=1e-12)
     assert {e.link for e in sc.steps if e.is_comm} == {"inter", "intra"}
     assert mesh.axes[0].groups_per_node == 2 and pricer.sharing("inter", 0) == 2
+    for e in (e for e in sc.steps if e.is_comm):            # the size each step's price read (steps.csv's column)
+        assert pricer.priced_bytes(e.op, e.axis, e.size_bytes) == e.size_bytes * (2 if e.axis == 0 else 1)
 
 
 SBP_WORDS = {   # the SBP equivalent's plans, counted by hand (q = 2, d = 2, p = 4)
