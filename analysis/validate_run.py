@@ -177,14 +177,12 @@ def _step_rows(name, sid, prog, timed, pricer) -> list[dict]:
     for k, (e, after, meas) in enumerate(zip(entries, after_compute(entries), timed.item_median_s)):
         if isinstance(e, Compute):
             out.append({"layer": name, "strategy": sid, "index": k, "what": e.expr, "op": "compute", "axis": -1,
-                        "link": "", "size_bytes": 0, "priced_bytes": 0, "after_compute": after, "copy_calls": 0, "copy_elements": 0,
-                        "predicted_s": pricer.step_seconds(e),
-                        "measured_s": meas})
+                        "link": "", "size_bytes": 0, "priced_bytes": 0, "after_compute": after, "copy_calls": 0,
+                        "copy_elements": 0, "predicted_s": pricer.step_seconds(e), "measured_s": meas})
             continue
+        priced = float(pricer.priced_bytes(e.op, e.axis, float(e.size_bytes))) if e.is_comm else e.size_bytes
         out.append({"layer": name, "strategy": sid, "index": k, "what": e.describe(), "op": e.op, "axis": e.axis,
-                    "link": e.link, "size_bytes": e.size_bytes,
-                    "priced_bytes": float(pricer.priced_bytes(e.op, e.axis, float(e.size_bytes)) if e.is_comm
-                                          else e.size_bytes), "after_compute": after,
+                    "link": e.link, "size_bytes": e.size_bytes, "priced_bytes": priced, "after_compute": after,
                     "copy_calls": len(e.copies), "copy_elements": sum(e.copies),
                     "predicted_s": pricer.step_seconds(e, after), "measured_s": meas})
     return out

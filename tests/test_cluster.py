@@ -745,6 +745,7 @@ def test_mpirun_runs_colossal_2p5d_on_two_nodes_of_four_ranks(cluster, cai_calib
     depth = steps[steps["op"] == "allreduce"]
     print(depth[["what", "size_bytes", "predicted_s", "measured_s"]])
     assert len(depth) == 1 and depth["axis"].tolist() == [0] and depth["link"].tolist() == ["inter"]
+    assert (depth["priced_bytes"] == 4 * depth["size_bytes"]).all(), depth     # read at the shared link's size
     assert (depth["measured_s"] >= (4 * depth["size_bytes"] - BURST) / EXPECTED_BPS).all(), depth
     assert (depth["predicted_s"] >= (4 * depth["size_bytes"] - BURST) / EXPECTED_BPS / 2).all(), depth
     assert set(steps.loc[steps["op"].isin(["bcast", "reduce"]), "link"]) == {"intra"}

@@ -4,6 +4,7 @@ SIGKILL, and one-line errors with exit code 2 for bad input."""
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -448,6 +449,25 @@ def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_s
     spread = model.launch_spread
     assert spread is not None and spread.launches == 2 and spread.n_points == 7
     assert spread.max == pytest.approx(summary[summary.op == "pingpong"].launch_spread.max())
+
+
+def test_between_benchmark_measures_each_run_over_launches_as_sweep_sh_does(tmp_path):
+    """benchmarks.between measures the calibration the default path gives: each run's three rounds split over two MPI
+    launches (launch 1 rounds 0-1, launch 2 round 2, as slurm/sweep.sh splits them), and prints its between-size
+    table from them; --launches 1 keeps each run in one launch."""
+    argv = [sys.executable, "-m", "benchmarks.between", "--launch", shlex.join(mpiexec_argv(2)), "--grid", "1K,2K,4K",
+            "--ops", "pingpong", "--sweep-args", shlex.join(["--retries", "0", *FAST])]
+    for launches, rounds_of_launch in ((2, [0, 0, 1]), (1, [0, 0, 0])):
+        out = tmp_path / f"l{launches}"
+        proc = subprocess.run([*argv, "--out", str(out), "--launches", str(launches)], env=mpi_env(), cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode in (0, 1) and re.search(r"^pingpong\s+intra", proc.stdout, re.M), \
+            proc.stdout + proc.stderr
+        for run in ("A", "B"):
+            summary, samples = load_summary(out / run), load_samples(out / run)
+            assert (summary.launches == launches).all() and (summary.rounds == 3).all(), summary
+            by_round = samples.groupby("round")["launch"].agg(set)
+            assert [by_round[r] for r in range(3)] == [{k} for k in rounds_of_launch]
 
 
 def test_topology_file_is_recorded_and_bad_ones_are_one_line(tmp_path):
