@@ -1,15 +1,17 @@
 """Benchmark: how well a calibration swept on a size grid predicts sizes the fit never saw, beside how well one run
 predicts another at those sizes. Sweeps twice (runs A and B), each time the grid and the sizes between its points in
-one sweep split over MPI launches as slurm/sweep.sh splits it (default two: a run is what the default path measures),
-fits A's grid points alone, and prints per operation the median |relative error| at the between sizes of
+one sweep split over MPI launches as slurm/sweep.sh splits it (default two: a run is what the default path measures;
+the between sizes are --held-out, so the sweep's bisection never looks at them), fits A's grid points and those its
+bisection added, and prints per operation the median |relative error| at the between sizes (those farther than 1% from
+every size the fit saw) of
 
     calibration A -> B   (the price a planner gets, against a later run: what validate meets)
     calibration A -> A   (against the run it was fitted in: the model alone, without drift between runs)
     run A -> run B       (one run's measured times as the prediction of the other's: the noise ceiling)
 
 and the gap in points between the first and the last (issue 31's target: within 2 points for every operation); then
-per operation the intervals of A's grid where the time grows faster than the size (calib.regimes: a regime change
-the grid cannot see) and the calibration's error against run A at the between sizes inside them and outside.
+per operation the intervals of A's fitted sizes where the time still grows faster than the size (microbench.regimes:
+a regime change the sizes cannot see) and the calibration's error against run A at the between sizes inside them and outside.
 
     python -m benchmarks.between --out /tmp/bt                                        # 2 local ranks
     python -m benchmarks.between --launch "slurm/cluster.sh mpirun -n 2 --host node1:1,node2:1" --links inter \\
@@ -32,8 +34,8 @@ import pandas as pd
 
 from calib.calibration import load_calibration
 from calib.points import load_runs
-from calib.regimes import HiddenChange, hidden_changes
 from microbench.records import load_summary
+from microbench.regimes import HiddenChange, hidden_changes
 from microbench.sizes import format_size, parse_sizes
 
 OPS = "pingpong,allreduce,allgather,reduce_scatter,alltoall,bcast"
@@ -56,27 +58,30 @@ def local_launch() -> str:
     return f"{here if here.exists() else shutil.which('mpirun') or 'mpirun'} -n 2 --oversubscribe --bind-to none"
 
 
-def _sweep(launch: list[str], out: Path, sizes: list[int], args: argparse.Namespace) -> None:
-    """One run: the sizes swept into `out` over args.launches MPI launches as slurm/sweep.sh splits them (launch k
-    measures the visits up to round ceil(k * rounds / launches) with --resume; retries wait for the last)."""
+def _sweep(launch: list[str], out: Path, grid: list[int], held_out: list[int], args: argparse.Namespace) -> None:
+    """One run: the grid and the held-out sizes swept into `out` over args.launches MPI launches as slurm/sweep.sh
+    splits them (launch k measures the visits up to round ceil(k * rounds / launches) with --resume; retries wait for
+    the last), the sweep's bisection steered by the grid's points alone (--held-out)."""
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.getuid() == 0 else {}
     launches = min(args.launches, args.rounds)
     for k in range(1, launches + 1):
         upto = ["--rounds", str(-(-k * args.rounds // launches))] + (["--retries", "0"] if k < launches else [])
         argv = [*launch, sys.executable, "-m", "reports.cli", "sweep", "--out", str(out), "--resume", "--ops", args.ops,
-                "--links", args.links, "--procs", "2", "--sizes", ",".join(map(str, sizes)),
+                "--links", args.links, "--procs", "2", "--sizes", ",".join(map(str, grid)),
+                "--held-out", ",".join(map(str, held_out)),
                 *shlex.split(args.sweep_args), *upto]
         print("$", shlex.join(argv), flush=True)
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **root})
 
 
-def grid_only(run: Path, out: Path, grid: set[int]) -> None:
-    """A copy of a run directory holding only its points at the grid's sizes (what the fit may see)."""
+def grid_only(run: Path, out: Path, held_out: set[int]) -> None:
+    """A copy of a run directory without its points at the held-out sizes: the grid's and those the sweep bisected
+    at (what the fit may see)."""
     shutil.rmtree(out, ignore_errors=True)
     (out / "points").mkdir(parents=True)
     shutil.copy(run / "run.json", out / "run.json")
     for f in (run / "points").glob("*.json"):
-        if json.loads(f.read_text())["requested_bytes"] in grid:
+        if json.loads(f.read_text())["requested_bytes"] not in held_out:
             for part in (f, f.with_suffix(".parquet")):
                 shutil.copy(part, out / "points" / part.name)
 
@@ -87,9 +92,22 @@ def _measured(run: Path) -> pd.DataFrame:
     return s[s.median_s > 0].set_index(["op", "link", "procs", "requested_bytes"])[["median_s", "size_bytes"]]
 
 
-def off_grid(measured: pd.DataFrame, grid: list[int]) -> pd.DataFrame:
-    """The points at sizes the fit never saw."""
-    return measured[~measured.index.get_level_values("requested_bytes").isin(grid)]
+def off_grid(measured: pd.DataFrame, held_out: list[int]) -> pd.DataFrame:
+    """The points at the held-out sizes."""
+    return measured[measured.index.get_level_values("requested_bytes").isin(held_out)]
+
+
+NEAR = 0.01
+"""A held-out size within this of a size the sweep bisected at (same op, link and process count) is not held out."""
+
+
+def unseen(held: pd.DataFrame, bisected: pd.DataFrame) -> pd.DataFrame:
+    """The held-out points farther than NEAR from every size of their series the sweep bisected at: both take an
+    interval's geometric middle, so the fit may have seen (nearly) a held-out size."""
+    sizes = bisected.reset_index().groupby(["op", "link", "procs"])["size_bytes"].apply(np.asarray)
+    keep = [not np.any(np.abs(sizes.get(key[:3], np.array([np.inf])) / row.size_bytes - 1) <= NEAR)
+            for key, row in held.iterrows()]
+    return held[np.asarray(keep, dtype=bool)]
 
 
 def errors(cal, a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -163,17 +181,22 @@ def main(argv: list[str] | None = None) -> int:
     grid = parse_sizes(args.grid)
     mids = between(grid)
     print(f"grid {len(grid)} sizes {format_size(grid[0])}..{format_size(grid[-1])}; {len(mids)} between sizes")
-    sizes = sorted(set(grid) | set(mids))
     print(f"each run: {args.rounds} rounds over {min(args.launches, args.rounds)} launch(es)")
     for name in ("A", "B"):                    # each run: the grid and the sizes between, as the default path sweeps
         shutil.rmtree(out / name, ignore_errors=True)          # measured afresh, never resumed from an earlier call
-        _sweep(launch, out / name, sizes, args)
-    grid_only(out / "A", out / "A-grid", set(grid))
+        _sweep(launch, out / name, grid, mids, args)
+    grid_only(out / "A", out / "A-grid", set(mids))
     cal_path = out / "A-grid.json"
     subprocess.run([sys.executable, "-m", "reports.cli", "fit", str(out / "A-grid"), "--out", str(cal_path)],
                    check=True, stdout=subprocess.DEVNULL)
     a, b = _measured(out / "A"), _measured(out / "B")
-    err = errors(load_calibration(cal_path), off_grid(a, grid), off_grid(b, grid))
+    seen = _measured(out / "A-grid")
+    bisected = seen[~seen.index.get_level_values("requested_bytes").isin(grid)]
+    held = off_grid(a, mids)
+    kept = unseen(held, bisected)
+    print(f"run A's sweep bisected at {len(bisected)} sizes; {len(held) - len(kept)} of {len(held)} held-out points "
+          f"lie within {NEAR:.0%} of one of them and are left out")
+    err = errors(load_calibration(cal_path), kept, off_grid(b, mids))
     if err.empty:
         print("no between-size point was measured in both runs", file=sys.stderr)
         return 2

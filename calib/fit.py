@@ -16,11 +16,12 @@ from calib.result import (LAUNCH_WARN, AfterCompute, CalibrationResult, Candidat
                           LaunchSpread, Model, Speeds, p2p_of)
 from calib.heldout import kfold_over_sizes
 from calib.points import RunSet
-from calib.regimes import change_warnings, hidden_changes
+from calib.regimes import change_warnings
 from calib.segments import Points, change_points, fit_piecewise
 from microbench.errors import UsageError
 from microbench.links import meaning
 from microbench.ops import LOCAL_OPS
+from microbench.regimes import hidden_changes
 
 
 @dataclass(frozen=True)

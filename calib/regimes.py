@@ -1,67 +1,9 @@
-"""Regime changes the size grid cannot see: in the alpha-beta model a call of n bytes costs alpha + n beta (alpha,
-beta >= 0), so on one line t(n2) / t(n1) <= n2 / n1 for n1 < n2. Where the time between two adjacent measured sizes
-grows faster than the size, beyond both points' confidence intervals, no such line passes through both: the line
-changes inside the interval (a protocol or algorithm switch), and the fit prices every size there by extrapolation."""
+"""The fit's warning about regime changes the size grid cannot see (microbench.regimes finds them): which intervals,
+and which sizes to add to the sweep."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import numpy as np
-import pandas as pd
-
-from microbench.ops import LOCAL_OPS, itemsize
-
-
-@dataclass(frozen=True)
-class HiddenChange:
-    """An interval of adjacent measured sizes of one (op, link, procs) whose time grew faster than its size beyond
-    the CIs; `suggest_bytes`: the geometric middle in whole elements (None where no whole element lies between)."""
-
-    op: str
-    link: str
-    procs: int
-    low_bytes: int
-    high_bytes: int
-    time_ratio: float
-    size_ratio: float
-    suggest_bytes: int | None
-
-
-def _per_size(df: pd.DataFrame) -> pd.DataFrame:
-    """Per measured size, over the rows (runs) whose CI is a positive interval around their median: the median of
-    the medians, the lowest CI low and the highest CI high (a change then has to hold in every run)."""
-    lo, hi, t = (pd.to_numeric(df[c], errors="coerce") for c in ("ci_low_s", "ci_high_s", "seconds"))
-    ok = (lo > 0) & (lo <= t) & (t <= hi) & np.isfinite(hi)
-    rows = df.assign(lo=lo, hi=hi)[ok]
-    return rows.groupby("size_bytes").agg(seconds=("seconds", "median"), lo=("lo", "min"), hi=("hi", "max"))
-
-
-def _middle(low: int, high: int, element: int) -> int | None:
-    """The geometric middle of (low, high) rounded to whole elements, kept strictly inside; None if none fits."""
-    if high - low <= element:
-        return None
-    whole = int(round(math.sqrt(low * high) / element)) * element
-    return min(max(whole, low + element), high - element)
-
-
-def hidden_changes(points: pd.DataFrame) -> list[HiddenChange]:
-    """Every interval between adjacent sizes of each (op, link, procs) of the communication points (the fit's:
-    op, link, procs, size_bytes, dtype, seconds, ci_low_s, ci_high_s) where ci_low(n2) > n2 / n1 x ci_high(n1).
-    Points without a valid CI are skipped: they never meet a target, and no claim rests on them."""
-    comm = points[~points["op"].isin(LOCAL_OPS)]
-    out = []
-    for (op, link, procs), df in comm.groupby(["op", "link", "procs"], sort=True):
-        sizes = _per_size(df)
-        element = itemsize(str(df["dtype"].iloc[0]))
-        rows = list(sizes.itertuples())
-        for a, b in zip(rows, rows[1:]):
-            n1, n2 = int(a.Index), int(b.Index)
-            if b.lo > n2 / n1 * a.hi:
-                out.append(HiddenChange(str(op), str(link), int(procs), n1, n2, float(b.seconds / a.seconds),
-                                        n2 / n1, _middle(n1, n2, element)))
-    return out
+from microbench.regimes import HiddenChange
 
 
 def _span(changes: list[HiddenChange]) -> str:

@@ -13,9 +13,12 @@ import pyarrow.parquet as pq
 from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
-from microbench.records import ADDED_SAMPLE_COLUMNS, SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointSummary, read_run_json
+from microbench.records import (ADDED_SAMPLE_COLUMNS, SAMPLE_COLUMNS, SUMMARY_COLUMNS, PointKey, PointSummary,
+                                read_run_json)
 
 CONSOLIDATED = ("summary.parquet", "summary.csv", "samples.parquet")
+BISECT = "bisect.json"
+"""The sizes the sweep's bisection added (microbench.sweep.run_points), per pass."""
 
 
 class RunStore:
@@ -67,6 +70,37 @@ class RunStore:
                           "round": np.asarray(rounds, dtype=np.int64), "launch": np.asarray(launches, dtype=np.int64)})
         atomic_write(self.points / f"{summary.point_id}.parquet", lambda tmp: pq.write_table(table, tmp))
         atomic_write_json(self.points / f"{summary.point_id}.json", summary.to_dict())
+
+    def summaries(self, point_ids: list[str]) -> pd.DataFrame:
+        """The summary records of those of `point_ids` on disk (records.SUMMARY_COLUMNS)."""
+        rows = [read_json(self.points / f"{pid}.json", "point record", finite=False) for pid in point_ids
+                if self.has_point(pid)]
+        return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+    def bisected(self) -> tuple[int, dict[tuple[str, str, int], list[int]]]:
+        """(bisection passes made, sizes each added per (op, link, procs)) from bisect.json; (0, {}) for a run that
+        has none. A resumed launch plans those sizes again, to measure their remaining rounds."""
+        path = self.out / BISECT
+        if not path.is_file():
+            return 0, {}
+        data = read_json(path, "bisection record")
+        try:
+            extra: dict[tuple[str, str, int], list[int]] = {}
+            for row in data["points"]:
+                extra.setdefault((str(row["op"]), str(row["link"]), int(row["procs"])), []).append(
+                    int(row["requested_bytes"]))
+            return int(data["passes"]), extra
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"{path}: not a bisection record (passes, points); remove it to bisect afresh") from None
+
+    def add_bisected(self, keys: list[PointKey], bisect_pass: int) -> None:
+        """Record the points a bisection pass added (bisect.json, rewritten atomically)."""
+        passes, _ = self.bisected()
+        path = self.out / BISECT
+        rows = read_json(path, "bisection record")["points"] if path.is_file() else []
+        rows += [{"op": k.op, "link": k.link, "procs": k.procs, "requested_bytes": k.requested_bytes,
+                  "pass": bisect_pass} for k in keys]
+        atomic_write_json(path, {"passes": max(passes, bisect_pass), "points": rows})
 
     def write_run(self, meta: dict) -> None:
         atomic_write_json(self.out / "run.json", meta)

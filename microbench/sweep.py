@@ -9,9 +9,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from mpi4py import MPI
 
-from microbench import driver, methods
+from microbench import driver, methods, regimes
 from microbench.buffers import POOL_BYTES, Pool
 from microbench.errors import UsageError
 from microbench.ops import COMM_DTYPE, Layout, Op, compute_phase, itemsize
@@ -41,6 +42,8 @@ class SweepConfig:
     after_gemm: int = 0
     method: str = "commcal"      # methods.METHODS: commcal's own timing, or a peer's (a reference mode)
     topology: Topology = Topology()   # the job's switch levels (restricted to its nodes); flat: one inter level
+    bisect: int = 0              # passes measuring the middle of each interval whose time outgrows its size
+    held_out: tuple[int, ...] = ()   # sizes measured as the others but never bisected at (a fit's check)
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,12 @@ class PlannedPoint:
         return self.tiles or (self.group,)
 
 
-def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
+def plan(cfg: SweepConfig, hosts: list[str], extra: dict[tuple[str, str, int], list[int]] | None = None
+         ) -> list[PlannedPoint]:
     """Every point this job can form, in measuring order. Point-to-point runs at 2 ranks; gemm and copy on
     rank 0, or on every rank at once when concurrent. In a reference mode (cfg.method) each size is in the peer's
-    convention (the point's requested_bytes) and the element type is the peer's."""
+    convention (the point's requested_bytes) and the element type is the peer's. `extra`: more sizes of some
+    (op, link, procs), the bisection's."""
     method = methods.method_for(cfg.method)
     points = []
     for op in cfg.ops:
@@ -83,7 +88,8 @@ def plan(cfg: SweepConfig, hosts: list[str]) -> list[PlannedPoint]:
                 together = tiles(link, p, hosts, cfg.topology) if cfg.concurrent else (group,)
                 per_node = groups_per_node(together, hosts)
                 dtype = method.dtype(op.name)
-                for size in cfg.sizes:
+                more = (extra or {}).get((op.name, link, p), [])
+                for size in sorted(set(cfg.sizes) | set(cfg.held_out) | set(more)):
                     lay = replace(op.layout(method.commcal_bytes(op.name, size, p), p, itemsize(dtype)),
                                   requested_bytes=size)
                     key = PointKey(cfg.backend, op.name, link, p, size, dtype, len(together))
@@ -201,12 +207,44 @@ class Progress:
               f"{rate}  {flag}  {s.round_spread * 100:5.1f}%  eta {eta:4.0f}s", file=self.stream, flush=True)
 
 
+def resized(pt: PlannedPoint, size: int) -> PlannedPoint:
+    """The point of pt's operation, group and element type at another size (commcal's size convention)."""
+    lay = replace(pt.op.layout(size, pt.group.procs, itemsize(pt.key.dtype)), requested_bytes=size)
+    return replace(pt, key=replace(pt.key, requested_bytes=size), layout=lay)
+
+
+def bisections(points: list[PlannedPoint], summary: pd.DataFrame, held_out: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(index of a point of the series, size) for each middle of an interval where the series' time outgrows its
+    size (microbench.regimes.middles, over the sweep's summaries so far) that no planned point measures yet (a
+    held-out point does not count: it stays out of what a fit sees)."""
+    moved = {(pt.op.name, pt.group.link, pt.group.procs, pt.layout.size_bytes) for pt in points
+             if pt.key.requested_bytes not in held_out}
+    ids = {pt.key.point_id for pt in points}
+    first = {}
+    for i, pt in enumerate(points):
+        first.setdefault((pt.op.name, pt.group.link, pt.group.procs), i)
+    out = []
+    for series, sizes in regimes.middles(summary, frozenset(held_out)).items():
+        if series not in first:
+            continue
+        pt = points[first[series]]
+        for size in sizes:
+            while resized(pt, size).key.point_id in ids:      # a held-out point's size: a point of its own
+                size += itemsize(pt.key.dtype)
+            if (*series, resized(pt, size).layout.size_bytes) not in moved:
+                out.append((first[series], size))
+    return out
+
+
 def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int], cfg: SweepConfig, run_id: str,
-               timer: Any, store: Any, backend: Any, launch: int = 0) -> int:
+               timer: Any, store: Any, backend: Any, launch: int = 0, bisected: int = 0) -> int:
     """Visit every planned point cfg.rounds times, in passes over the plan (each visit with its share of the point
     budget), pooling the samples and checking results before the first visit and after the last; `done` holds
-    the visits already on disk and `launch` numbers this MPI launch of the run. Then visit again (up to cfg.retries times, at the end) the points whose pooled CI
-    missed the target. Every visit is on disk before the next starts. Returns the number of wrong elements seen."""
+    the visits already on disk and `launch` numbers this MPI launch of the run. Then, up to cfg.bisect passes in
+    all (`bisected` were made by earlier launches), measure as many rounds the middle of each interval where the time
+    grows faster than the size, a regime change the grid would hide (microbench.regimes), and record them in the
+    store. Then visit again (up to cfg.retries times, at the end) the points whose pooled CI missed the target.
+    Every visit is on disk before the next starts. Returns the number of wrong elements seen."""
     comms: dict[tuple[str, int, int], tuple[MPI.Comm, MPI.Comm]] = {}
     for pt in points:   # every rank creates the same sub-communicators in the same order
         k = (pt.group.link, pt.group.procs, len(pt.groups))
@@ -251,6 +289,20 @@ def run_points(world: MPI.Comm, points: list[PlannedPoint], done: dict[str, int]
     for rnd in range(cfg.rounds):
         for pt in points:
             if done.get(pt.key.point_id, 0) <= rnd:
+                measure(pt, "", (rnd == 0, rnd == cfg.rounds - 1))
+    for bisect_pass in range(bisected + 1, cfg.bisect + 1):
+        ids = [pt.key.point_id for pt in points]
+        found = world.bcast(bisections(points, store.summaries(ids), cfg.held_out) if world.rank == 0 else None,
+                            root=0)
+        if not found:
+            break
+        new = [resized(points[i], size) for i, size in found]
+        points = points + new
+        if world.rank == 0:
+            store.add_bisected([pt.key for pt in new], bisect_pass)
+            progress.total += len(new) * cfg.rounds
+        for rnd in range(cfg.rounds):
+            for pt in new:
                 measure(pt, "", (rnd == 0, rnd == cfg.rounds - 1))
     for attempt in range(1, cfg.retries + 1):
         again = world.bcast(unmet if world.rank == 0 else None, root=0)

@@ -25,8 +25,10 @@ shared-memory copy limits), the geometric middles too: a regime between two powe
 fit segment needs (docs/results.md, "Sizes between the grid's points")."""
 
 PRESETS = Presets(
-    defaults=dict(sizes=DEFAULT_SIZES, gemm_sizes="64K,1M,16M", target_ci=0.02, min_samples=10, point_budget=1.0, rounds=3),
-    quick=dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", gemm_sizes="64K,1M", target_ci=0.05, point_budget=0.25))
+    defaults=dict(sizes=DEFAULT_SIZES, gemm_sizes="64K,1M,16M", target_ci=0.02, min_samples=10, point_budget=1.0, rounds=3,
+                  bisect=2),
+    quick=dict(sizes="8,64,512,4K,32K,128K,512K,2M,8M", gemm_sizes="64K,1M", target_ci=0.05, point_budget=0.25,
+               bisect=0))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "shared machine gives a median that another window does not reproduce")
     p.add_argument("--point-budget", type=float,
                    help=f"seconds per point before giving up on the CI target ({PRESETS.say('point_budget')})")
+    p.add_argument("--bisect", type=int, metavar="N",
+                   help="after the rounds, measure the geometric middle of every interval between adjacent sizes "
+                        "where the time grew faster than the size beyond the CIs (a protocol or algorithm change "
+                        "no alpha-beta line through the two holds), as many rounds; then again inside the half that "
+                        f"holds the change, up to N passes in all ({PRESETS.say('bisect')}; 0 turns it off; "
+                        "communication only, never in a reference --method)")
+    p.add_argument("--held-out", metavar="SIZES",
+                   help="more sizes to measure as the others, which --bisect never looks at: to check a fit at "
+                        "sizes it never saw (fit a copy of the run without them)")
     p.add_argument("--retries", type=int, default=1,
                    help="measure points whose CI missed the target again at the end of the sweep, up to this many "
                         "times, pooling each extra visit with the others (default 1; 0 turns it off)")
@@ -116,12 +127,20 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
     ops, cache = measured_ops(args)
+    bisect = pick("bisect")
+    if bisect < 0:
+        raise UsageError("--bisect must be 0 or more")
+    if method_for(args.method).reference:
+        if args.bisect:
+            raise UsageError(f"--method {args.method} reproduces the peer's table at its sizes: drop --bisect")
+        bisect = 0
     return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes"))),
                        procs=tuple(parse_procs(args.procs, world_size)),
                        links=tuple(parse_links(args.links, topology.height)), topology=topology,
                        rule=rule, backend=args.backend, in_place=args.in_place, dtypes=dtypes, retries=args.retries,
                        concurrent=args.concurrent, rounds=rounds, cache=cache, gap_ms=args.gap_ms,
-                       after_gemm=args.after_gemm,
+                       after_gemm=args.after_gemm, bisect=bisect,
+                       held_out=tuple(parse_sizes(args.held_out)) if args.held_out else (),
                        gemm_sizes=tuple(parse_sizes(pick("gemm_sizes"))))
 
 
@@ -269,9 +288,17 @@ def run(args: argparse.Namespace) -> int:
             check_resume(earlier, conditions, page_policy)
         except UsageError as exc:
             error, earlier, done = str(exc), None, {}
+        try:
+            bisected = store.bisected()
+        except UsageError as exc:
+            error, bisected = error or str(exc), (0, {})
+    else:
+        bisected = None
     error = world.bcast(error, root=0)
     if error:
         raise UsageError(error)
+    passes, extra = world.bcast(bisected, root=0)
+    points = sweep.plan(cfg, hosts, extra)          # with the sizes earlier launches bisected at
     timer, timing_note = backend.make_timer(world, args.timing)
     gpus = backend.devices(world)                  # collective: every rank reports its device
     if world.rank == 0:
@@ -284,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
             options=dict(ops=[op.name for op in cfg.ops], sizes=list(cfg.sizes), procs=list(cfg.procs),
                          links=list(cfg.links), gemm_sizes=list(cfg.gemm_sizes), target_ci=cfg.rule.target_ci,
                          min_samples=cfg.rule.min_samples, point_budget_s=cfg.rule.budget_s, retries=cfg.retries,
-                         rounds=cfg.rounds,
+                         rounds=cfg.rounds, bisect=cfg.bisect, held_out=list(cfg.held_out),
                          concurrent=cfg.concurrent, quick=args.quick, in_place=cfg.in_place, **conditions))
         meta["memcpy_alias_slowdown"] = round(slowdown, 2)
         meta["topology"] = topology.to_json()
@@ -307,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         run_id, done, launch = None, {}, 0
     run_id, done, launch = world.bcast((run_id, done, launch), root=0)
     counters = provenance.cpu_counters()
-    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend, launch)
+    wrong = sweep.run_points(world, points, done, cfg, run_id, timer, store, backend, launch, passes)
     steal = provenance.host_steal(world, hosts, counters)
     if world.rank == 0:
         store.consolidate()

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from calib.points import load_runs
-from calib.regimes import HiddenChange, change_warnings, hidden_changes
+from calib.regimes import change_warnings
 from calib.synthetic import Segment, TrueModel, write_synthetic_run
 from conftest import run_main
+from microbench.regimes import HiddenChange, hidden_changes, middles
 
 OSU = Path(__file__).parent / "data" / "peers" / "osu-7.5"
 GRID = tuple(2 ** k for k in range(3, 21))                 # 8 B .. 1 MiB, powers of two
@@ -58,6 +59,19 @@ def test_points_without_a_valid_ci_are_skipped():
     assert [(c.low_bytes, c.high_bytes) for c in hidden_changes(with_ci)] == [(2048, 4096)]
     assert hidden_changes(base.assign(ci_low_s=np.nan, ci_high_s=np.nan)) == []
     assert hidden_changes(with_ci.assign(ci_low_s=base.seconds * 1.1)) == []      # low above the median: invalid
+
+
+def test_the_sweep_bisects_at_the_middle_of_each_flagged_interval_and_never_looks_at_held_out_points():
+    """microbench.regimes.middles, the sweep's --bisect: a jump between 2 and 4 KiB seen on the grid gives its middle;
+    a held-out point at 3 KiB, measured beside the grid and slow like 4 KiB, neither hides the jump nor moves it."""
+    summary = pd.DataFrame({"op": "allreduce", "link": "intra", "procs": 2, "dtype": "float32",
+                            "requested_bytes": [1024, 2048, 3072, 4096, 8192],
+                            "size_bytes": [1024, 2048, 3072, 4096, 8192],
+                            "median_s": [1.0e-6, 1.1e-6, 3.0e-6, 3.1e-6, 3.6e-6]})
+    summary = summary.assign(ci_low_s=summary.median_s * 0.98, ci_high_s=summary.median_s * 1.02)
+    assert middles(summary, frozenset({3072})) == {("allreduce", "intra", 2): [2896]}
+    assert middles(summary) == {("allreduce", "intra", 2): [2508]}             # the 2-3 KiB interval, where it lies
+    assert middles(summary[summary.requested_bytes != 4096], frozenset({3072})) == {}   # 2 to 8 KiB: x2.2 for x4
 
 
 def test_the_real_osu_latency_log_flags_its_protocol_change_once_it_has_cis(capsys, tmp_path):

@@ -23,7 +23,7 @@ from microbench.stats import pooled_estimate
 from microbench.records import SAMPLE_COLUMNS, SUMMARY_COLUMNS, load_samples, load_summary, read_run_json
 
 pytestmark = pytest.mark.mpi
-FAST = ["--point-budget", "0.05", "--min-samples", "6", "--target-ci", "0.5"]
+FAST = ["--point-budget", "0.05", "--min-samples", "6", "--target-ci", "0.5", "--bisect", "0"]
 SIZES = "8,1000,64K"
 
 
@@ -281,7 +281,7 @@ def _visits(out) -> dict[str, tuple[int, int, int]]:
 def test_killed_rank_then_resume_finishes_each_point_once_keeping_earlier_visits(tmp_path):
     out = tmp_path / "run"
     args = ["sweep", "--out", str(out), "--ops", "allreduce,bcast,alltoall", "--sizes", "8:4K", "--rounds", "2",
-            "--retries", "0", "--point-budget", "0.15", "--min-samples", "6", "--target-ci", "0.001"]
+            "--retries", "0", "--point-budget", "0.15", "--min-samples", "6", "--target-ci", "0.001", "--bisect", "0"]
     job = subprocess.Popen([*mpiexec_argv(2), *commcal_argv(), *args], env=mpi_env(), cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -449,6 +449,35 @@ def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_s
     spread = model.launch_spread
     assert spread is not None and spread.launches == 2 and spread.n_points == 7
     assert spread.max == pytest.approx(summary[summary.op == "pingpong"].launch_spread.max())
+
+
+def test_bisection_measures_the_middle_of_a_flagged_interval_and_a_resumed_launch_finishes_it(tmp_path):
+    """--bisect: where a run's time grows faster than its size between adjacent sizes (here a stored 4 KiB point made
+    16x slower stands for the regime change), the sweep measures the interval's middle, as a point of its own beside
+    a held-out point at the same size, records it in bisect.json, and a resumed launch plans it again for its remaining
+    rounds without bisecting past --bisect passes."""
+    out = tmp_path / "run"
+    base = ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "1K,4K", "--held-out", "2K", "--retries", "0",
+            "--point-budget", "0.05", "--min-samples", "6", "--target-ci", "0.5"]
+    run_mpi(2, [*base, "--rounds", "1", "--bisect", "0"], check=True)
+    assert not (out / "bisect.json").exists()
+    slow = next(f for f in (out / "points").glob("*.json") if json.loads(f.read_text())["requested_bytes"] == 4096)
+    rec = json.loads(slow.read_text())
+    slow.write_text(json.dumps(rec | {k: rec[k] * 16 for k in ("median_s", "ci_low_s", "ci_high_s")}))
+    run_mpi(2, [*base, "--rounds", "1", "--bisect", "1", "--resume"], check=True)
+    record = json.loads((out / "bisect.json").read_text())
+    assert record["passes"] == 1 and len(record["points"]) == 1, record
+    added = record["points"][0]
+    assert (added["op"], added["link"], added["procs"], added["pass"]) == ("pingpong", "intra", 2, 1)
+    assert 1024 < added["requested_bytes"] < 4096 and added["requested_bytes"] != 2048    # not the held-out point
+    proc = run_mpi(2, [*base, "--rounds", "2", "--bisect", "1", "--resume"], check=True)
+    assert "4 points (0 already done, 4 partly)" in proc.stdout, proc.stdout
+    summary = load_summary(out).set_index("requested_bytes")
+    assert sorted(summary.index) == sorted([1024, 2048, 4096, added["requested_bytes"]])
+    assert summary.loc[added["requested_bytes"], "rounds"] == 2 and summary.loc[added["requested_bytes"], "launches"] == 2
+    assert json.loads((out / "bisect.json").read_text()) == record                # no pass past --bisect 1
+    options = read_run_json(out)["options"]
+    assert options["bisect"] == 1 and options["held_out"] == [2048]
 
 
 def test_between_benchmark_measures_each_run_over_launches_as_sweep_sh_does(tmp_path):
