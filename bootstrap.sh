@@ -3,7 +3,9 @@
 #   ./bootstrap.sh main   sweep on local MPI ranks -> fit -> calibration JSON -> report (in ./out/)
 #   ./bootstrap.sh test   the whole test suite (MPI, local Slurm cluster, GPU tests skip without a GPU)
 #   ./bootstrap.sh env    only install; then `. .venv/bin/activate`
-# Honours MPIEXEC (launcher), COMMCAL_VENV (venv path), COMMCAL_RANKS (main job ranks, default 2).
+# Honours MPIEXEC (launcher), COMMCAL_VENV (venv path), COMMCAL_RANKS (main job ranks, default 2),
+# COMMCAL_OUT (main job output directory, default out), PYTHON (interpreter that makes the venv, default python3),
+# GLIBC_TUNABLES (the ranks' glibc tunables; default: memcpy off REP MOVSB).
 set -euo pipefail
 cd "$(dirname "$0")"
 action=${1:-main}

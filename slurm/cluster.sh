@@ -28,7 +28,8 @@
 #
 # Environment: COMMCAL_CLUSTER_DIR (state: config, spool, logs, munge key; default
 # /tmp/commcal-cluster), COMMCAL_CLUSTER_NODES, COMMCAL_CLUSTER_RATE (e.g. 400mbit),
-# COMMCAL_CLUSTER_CPUS: defaults for `up`.
+# COMMCAL_CLUSTER_CPUS: defaults for `up`; MPIRUN: the mpirun that `mpirun` runs (default: the
+# one on PATH).
 #
 # Shape: a "ctl" namespace holds the bridge (10.77.0.254/24), slurmctld and the login side;
 # nodeK holds eth0 = 10.77.0.K/24. With --racks R, rack r's nodes hold eth0 = 10.77.r.K/24 on bridge
