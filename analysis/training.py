@@ -465,6 +465,8 @@ class TrainingPricer(StepPricer):
         if self._wave is None or not self.terms.gemm_waves:
             return 1.0
         per_wave, rows, cols = self._wave
+        if bt * m * n == 0:                                  # an empty product (a layer of size 0): no tile to fill
+            return 1.0
         best = 0.0
         for tm, tn in ((rows, cols), (cols, rows)):         # the library picks the better orientation
             slots = math.ceil(bt * -(-m // tm) * -(-n // tn) / per_wave) * per_wave * tm * tn

@@ -18,6 +18,7 @@ from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_ter
 from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model, Speeds
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
+from microbench.ops import known_dtype
 
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
@@ -100,6 +101,10 @@ def validate(data: object, where: str = "calibration") -> None:
     bad = _non_finite(data)
     if bad is not None:
         raise UsageError(f"{where}: key '{bad}' is not a finite number")
+    for dtype in data.get("compute", {}).get("gemm", {}):
+        if not known_dtype(dtype):
+            raise UsageError(f"{where}: key 'compute.gemm.{dtype}' names no element type commcal knows "
+                             f"(float32, float64, float16, bfloat16, ...)")
     for key, models in model_sets(data):
         for op, by_link in models.items():
             for link, model in by_link.items():

@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     job = Job(world=args.procs or len(hosts) or None, in_place=args.in_place)
     logs = [read_log(path, job) for path in args.logs]
     for log in logs:
+        if args.in_place and log.peer != "nccl-tests":
+            raise UsageError(f"{log.path}: --in-place reads the in-place half of nccl-tests rows; a {log.peer} log "
+                             f"has none")
         if log.world and job.world and log.world != job.world:
             raise UsageError(f"{log.path}: the log ran {log.world} ranks, not the {job.world} of --procs/--hosts")
     meta = write_run(args.out, logs, hosts, args.link, args.in_place, sys.argv)

@@ -218,7 +218,7 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]
     pts = summary.loc[:, list(_KEEP)].copy()
     for col in CI:
         pts[col] = pd.to_numeric(summary[col], errors="coerce") if col in summary.columns else np.nan
-    pts["point_id"] = pts["point_id"].astype(str)
+    pts["point_id"] = [str(v) for v in pts["point_id"]]
     pts, dropped = _usable(pts, stats.index, run_dir)
     if pts.empty:
         raise UsageError(f"{run_dir}: no point is usable ("
@@ -259,8 +259,13 @@ def load_runs(run_dirs: list[str], backend: str | None = None, mix_methods: bool
     """All points of the given runs; UsageError on a bad directory, a mix of backends without --backend, or a mix
     of timing methods (a peer's loop mean is not commcal's median) unless mix_methods."""
     frames, runs, notes, topologies = [], [], [], {}
+    seen: dict[str, str] = {}
     for d in run_dirs:
         pts, prov, why, topo = _one_run(Path(d))
+        if prov["run_id"] in seen:
+            raise UsageError(f"{seen[prov['run_id']]} and {d} hold the same run (run_id {prov['run_id']}): a run "
+                             f"given twice would count its points twice; give it once")
+        seen[prov["run_id"]] = d
         frames.append(pts)
         runs.append(prov)
         notes += why

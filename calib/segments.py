@@ -86,6 +86,10 @@ HUBER_T = 1.345
 """Huber's tuning constant (statsmodels' HuberT default): residuals beyond 1.345 scale units are down-weighted."""
 
 
+RESID_FLOOR = 1e-9
+"""A relative residual scale at or below this is no scale at all: rounding, not scatter."""
+
+
 def fit_line(alg: Algorithm, pts: Points, method: str) -> LineFit:
     """statsmodels fit of t = a alpha + b n beta minimising relative error: WLS with weights 1/t^2, or
     Huber RLM on the same system divided through by t. Columns are scaled for conditioning."""
@@ -96,7 +100,11 @@ def fit_line(alg: Algorithm, pts: Points, method: str) -> LineFit:
     if method == "huber":
         res = sm.RLM(np.ones_like(t), Xs / t[:, None], M=sm.robust.norms.HuberT(HUBER_T)).fit()
         rel_sd = float(res.scale)
-    else:
+    if method == "huber" and not rel_sd > RESID_FLOOR and len(t) > Xs.shape[1]:
+        # the residuals' MAD is 0 (half the points on the line, as when 2 of 3 are): Huber's scale says nothing of
+        # the scatter, so the statistics come from least squares, which counts the point off the line
+        method = "wls"
+    if method != "huber":
         res = sm.WLS(t, Xs, weights=1.0 / t ** 2).fit()
         rel_sd = float(math.sqrt(max(res.scale, 0.0)))
     params = np.asarray(res.params) / scale

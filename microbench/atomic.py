@@ -38,13 +38,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
 
 
 def not_an_input(out: str | os.PathLike, inputs) -> None:
-    """UsageError where writing `out` would replace what a command reads: one of `inputs` (files), or a file already
-    inside one (run directories)."""
+    """UsageError where writing `out` would replace what a command reads: one of `inputs` (files), a file already
+    inside one (run directories), or a new file in one's subdirectories (a run's points/, which every reader of the
+    run reads)."""
     target = Path(out).resolve()
     for given in inputs:
         source = Path(given).resolve()
-        if target == source or (target.exists() and source.is_dir() and source in target.parents):
-            raise UsageError(f"--out {out} would overwrite the input {given}; choose another path")
+        inside = source.is_dir() and source in target.parents
+        if target == source or (inside and (target.exists() or target.parent != source)):
+            raise UsageError(f"--out {out} would overwrite the input {given}, or write into it; choose another path")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

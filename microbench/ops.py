@@ -252,13 +252,16 @@ LOCAL_OPS = tuple(name for name, op in OPS.items() if op.kind == "compute")
 """Operations on one rank's memory (no link class): the calibration's compute section, not its models."""
 
 def parse_ops(text: str | None) -> list[Op]:
-    """'allreduce,pingpong' -> their definitions, in registry order; None -> all."""
-    if not text:
+    """'allreduce,pingpong' -> their definitions, in registry order; None -> all; an empty list or item is an error
+    (an unset shell variable must not mean every operation)."""
+    if text is None:
         return list(OPS.values())
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    names = [t.strip() for t in text.split(",")]
+    if not all(names):
+        raise UsageError(f"empty operation in the list {text!r}; choose from {', '.join(OPS)}")
     unknown = [n for n in names if n not in OPS]
-    if unknown or not names:
-        raise UsageError(f"unknown operation {', '.join(unknown) or text!r}; choose from {', '.join(OPS)}")
+    if unknown:
+        raise UsageError(f"unknown operation {', '.join(map(repr, unknown))}; choose from {', '.join(OPS)}")
     return [op for op in OPS.values() if op.name in names]
 
 

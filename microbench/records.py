@@ -237,7 +237,7 @@ def positive(values: pd.Series) -> pd.Series:
 
 def points_note(where, summary: pd.DataFrame, rows: pd.Series, what: str) -> str:
     """One line saying what happened to the points of `rows` (a mask), naming up to three."""
-    ids = summary.loc[rows, "point_id"].astype(str).tolist()
+    ids = [str(v) for v in summary.loc[rows, "point_id"]]            # a missing id (NaN) named as such
     return f"{where}: {len(ids)} point(s) {what}: {', '.join(ids[:3])}" + (", ..." if len(ids) > 3 else "")
 
 

@@ -1,8 +1,8 @@
 """Regime changes the size grid cannot see: in the alpha-beta model a call of n bytes costs alpha + n beta (alpha,
 beta >= 0), so on one line t(n2) / t(n1) <= n2 / n1 for n1 < n2. Where the time between two adjacent measured sizes
-grows faster than the size, beyond both points' confidence intervals, no such line passes through both: the line
-changes inside the interval (a protocol or algorithm switch), and the fit prices every size there by extrapolation.
-The sweep measures the middle of each such interval (--bisect); the fit warns of those left."""
+grows faster than the size, beyond both points' confidence intervals and by more than MATERIAL, no such line passes
+through both: the line changes inside the interval (a protocol or algorithm switch), and the fit prices every size
+there by extrapolation. The sweep measures the middle of each such interval (--bisect); the fit warns of those left."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ import numpy as np
 import pandas as pd
 
 from microbench.ops import LOCAL_OPS, itemsize
+
+
+MATERIAL = 0.05
+"""How much faster than the size the median time must grow, besides beyond the CIs, to count: less misprices the sizes
+inside by less than the fit's held-out target (5% for sizes >= 4 KiB), while a rate-limited link's slight curvature
+(a token bucket's burst, TCP's window) passes the CI test over interval after interval."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,8 @@ def _middle(low: int, high: int, element: int) -> int | None:
 
 def hidden_changes(points: pd.DataFrame) -> list[HiddenChange]:
     """Every interval between adjacent sizes of each (op, link, procs) of the communication points (the fit's:
-    op, link, procs, size_bytes, dtype, seconds, ci_low_s, ci_high_s) where ci_low(n2) > n2 / n1 x ci_high(n1).
+    op, link, procs, size_bytes, dtype, seconds, ci_low_s, ci_high_s) where ci_low(n2) > n2 / n1 x ci_high(n1) and the
+    median grew by more than n2 / n1 x (1 + MATERIAL).
     Points without a valid CI are skipped: they never meet a target, and no claim rests on them."""
     comm = points[~points["op"].isin(LOCAL_OPS)]
     out = []
@@ -59,7 +66,7 @@ def hidden_changes(points: pd.DataFrame) -> list[HiddenChange]:
         rows = list(sizes.itertuples())
         for a, b in zip(rows, rows[1:]):
             n1, n2 = int(a.Index), int(b.Index)
-            if b.lo > n2 / n1 * a.hi:
+            if b.lo > n2 / n1 * a.hi and b.seconds / a.seconds > n2 / n1 * (1 + MATERIAL):
                 out.append(HiddenChange(str(op), str(link), int(procs), n1, n2, float(b.seconds / a.seconds),
                                         n2 / n1, _middle(n1, n2, element)))
     return out

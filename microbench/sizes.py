@@ -39,7 +39,7 @@ def parse_sizes(text: str) -> list[int]:
 def _power_range(text: str) -> list[int]:
     """'8:64M' -> every power of two from 8 to 64 MiB."""
     parts = text.split(":")
-    if len(parts) != 2:
+    if len(parts) != 2 or not all(part.strip() for part in parts):
         raise UsageError(f"malformed size range {text!r}: expected LOW:HIGH, e.g. 8:64M")
     low, high = parse_size(parts[0]), parse_size(parts[1])
     if low > high:

@@ -51,10 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds per point before giving up on the CI target ({PRESETS.say('point_budget')})")
     p.add_argument("--bisect", type=int, metavar="N",
                    help="after the rounds, measure the geometric middle of every interval between adjacent sizes "
-                        "where the time grew faster than the size beyond the CIs (a protocol or algorithm change "
-                        "no alpha-beta line through the two holds), as many rounds; then again inside the half that "
-                        f"holds the change, up to N passes in all ({PRESETS.say('bisect')}; 0 turns it off; "
-                        "communication only, never in a reference --method)")
+                        "where the time grew faster than the size beyond the CIs and by over 5%% (a protocol or "
+                        "algorithm change no alpha-beta line through the two holds), as many rounds; then again inside "
+                        f"the half that holds the change, up to N passes in all ({PRESETS.say('bisect')}; 0 turns it "
+                        "off; communication only, never in a reference --method)")
     p.add_argument("--held-out", metavar="SIZES",
                    help="more sizes to measure as the others, which --bisect never looks at: to check a fit at "
                         "sizes it never saw (fit a copy of the run without them)")
@@ -223,7 +223,9 @@ def print_plan(args: argparse.Namespace) -> int:
     est = plan.sweep_estimate(points, cfg.rounds, cfg.retries, cfg.rule, dry.machine, world)
     print(f"commcal sweep --dry-run: {dry.nodes} nodes x {dry.per_node} ranks, {len(points)} points "
           f"({len(cfg.ops)} operations, {len(cfg.sizes)} sizes, process counts {','.join(map(str, cfg.procs))}, "
-          f"links {','.join(cfg.links)}), {cfg.rounds} rounds, {cfg.retries} retries, point budget {cfg.rule.budget_s:g} s")
+          f"links {','.join(cfg.links)}), {cfg.rounds} rounds, {cfg.retries} retries, point budget {cfg.rule.budget_s:g} s"
+          + (f"; up to {cfg.bisect} bisection passes, not counted: one point each per interval where a regime change "
+             f"shows" if cfg.bisect else ""))
     print("\n".join(plan.report(est, dry.limit_s, f"sbatch --array=0-{{tasks}}%1 -N {dry.nodes} --ntasks-per-node="
                                  f"{dry.per_node} -t {{limit}} slurm/sweep.sh   (one task at a time, each resuming)")))
     return 0

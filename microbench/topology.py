@@ -129,10 +129,10 @@ def default_procs(world: int) -> list[int]:
 
 
 def parse_procs(text: str | None, world: int) -> list[int]:
-    if not text:
+    if text is None:
         return default_procs(world)
     try:
-        counts = sorted({int(t) for t in text.split(",") if t.strip()})
+        counts = sorted({int(t) for t in text.split(",")})
     except ValueError:
         raise UsageError(f"malformed process counts {text!r}: expected e.g. 2,4,8") from None
     if not counts or counts[0] < 1:
@@ -144,11 +144,11 @@ def parse_procs(text: str | None, world: int) -> list[int]:
 
 def parse_links(text: str | None, height: int = 1) -> list[str]:
     """--links as link classes, innermost first (default: every class of a topology of `height` switch levels)."""
-    if not text:
+    if text is None:
         return list(links_for(height))
-    links = [t.strip() for t in text.split(",") if t.strip()]
+    links = [t.strip() for t in text.split(",")]
     bad = [link for link in links if not is_link(link)]
-    if bad or not links:
-        raise UsageError(f"unknown link class {', '.join(bad) or text!r}; choose from intra, inter, inter2..inter9, "
-                         f"spread")
+    if bad:
+        raise UsageError(f"unknown link class {', '.join(map(repr, bad))} in {text!r}; choose from intra, inter, "
+                         f"inter2..inter9, spread")
     return [link for link in links_for(9) if link in links]

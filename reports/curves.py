@@ -40,8 +40,10 @@ def model_curve(cal, op: str, link: str, procs: int, lo: float, hi: float, point
 
 
 def relative_error(cal, op: str, link: str, procs: int, rows: pd.DataFrame) -> pd.DataFrame:
-    """Per measured size: (median - model)/model, and the same for the CI ends, as fractions."""
+    """Per measured size: (median - model)/model, and the same for the CI ends, as fractions; NaN where the model
+    prices the size at 0 (a negative alpha clipped), which no relative error describes."""
     model = np.array([cal.predict(op, link, procs, int(n)).seconds for n in rows["size_bytes"]])
+    model = np.where(model > 0, model, np.nan)
     return pd.DataFrame({"size_bytes": rows["size_bytes"].to_numpy(),
                          "rel": rows["median_s"].to_numpy() / model - 1,
                          "rel_low": rows["ci_low_s"].to_numpy() / model - 1,

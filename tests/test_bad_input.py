@@ -14,6 +14,7 @@ from microbench.jsonfile import strict_json
 
 SPEC = Path(__file__).parent.parent / "calib" / "selene.spec.json"
 RUN = Path(__file__).parent / "data" / "runs" / "racks-pingpong-tbf"
+OSU = Path(__file__).parent / "data" / "peers" / "osu-7.5"
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,8 @@ CASES = {
     "export_over_its_calibration": (["export", "{cal}", "--format", "calculon", "--out", "{cal}"],
                                     "would overwrite the input"),
     "fit_over_its_run": (["fit", str(RUN), "--out", str(RUN / "run.json")], "would overwrite the input"),
+    "fit_into_its_points": (["fit", str(RUN), "--out", str(RUN / "points" / "cal.json")], "or write into it"),
+    "fit_the_same_run_twice": (["fit", str(RUN), str(RUN), "--out", "{tmp}/c.json"], "hold the same run"),
     "no_ranks_per_node": (["search", "{cal}", "--model", "linear:m=64,k=64,n=64", "--mesh", "2x2",
                            "--ranks-per-node", "0"], "--ranks-per-node must be 1 or more"),
     "strategy_option_unknown": (["predict", "{cal}", "--layer", "linear:m=64,k=64,n=64", "--strategy", "m.n/xx",
@@ -75,7 +78,17 @@ CASES = {
     "search_devices_no_split_divides": (["search", "{cal}", "--model", "gpt3-175b", "--devices", "4480",
                                          "--gpus-per-node", "8"], "no split t x p x d"),
     "report_two_scans": (["report", "--scan", "{tmp}", "--scan", "{tmp}", "--out", "{tmp}/r"], "give --scan DIR once"),
+    "import_osu_in_place": (["import", str(OSU / "osu_allreduce.txt"), "--out", "{tmp}/imp", "--procs", "2", "--link",
+                             "intra", "--in-place"], "in-place half of nccl-tests rows"),
+    "gemm_of_an_unknown_dtype": (["search", "{cal:int4}", "--model", "linear:m=64,k=64,n=64", "--mesh", "2"],
+                                 "'compute.gemm.int4' names no element type"),
+    "link_class_of_no_process_count": (["export", "{cal:no_procs}", "--format", "calculon", "--out", "{tmp}/x.json"],
+                                       "link_classes"),
 }
+CALS = {"inf_gemm": lambda d: d["compute"]["gemm"]["float32"].update(latency_s=1e308),   # every GEMM price overflows
+        "int4": lambda d: d["compute"]["gemm"].update(int4=d["compute"]["gemm"].pop("float32")),
+        "no_procs": lambda d: d["link_classes"]["intra"].update(procs=[], shapes=[])}
+"""Calibrations no writer of ours produces: schema-valid, or valid until the loader learned to refuse them."""
 SPECS = {"bw": tier(bandwidth_GBps=1e308), "sources": lambda spec: spec.update(sources=5),
          "eff": tier(efficiency=1e-320), "version": lambda spec: spec.update(version=True),
          "machine": lambda spec: spec.update(machine=5)}
@@ -87,11 +100,12 @@ def test_one_line_and_exit_2(name, cal, tmp_path, capsys):
     fill = {"{cal}": str(cal), "{tmp}": str(tmp_path)}
     fill |= {f"{{spec:{k}}}": str(spec_with(tmp_path, change)) for k, change in SPECS.items()
              if f"{{spec:{k}}}" in argv}
-    if "{cal:inf_gemm}" in argv:        # schema-valid, and every GEMM's price overflows a double
-        data = json.loads(cal.read_text())
-        data["compute"]["gemm"]["float32"]["latency_s"] = 1e308
-        fill["{cal:inf_gemm}"] = str(tmp_path / "inf.json")
-        (tmp_path / "inf.json").write_text(json.dumps(data))
+    for key, change in CALS.items():
+        if f"{{cal:{key}}}" in argv:
+            data = json.loads(cal.read_text())
+            change(data)
+            fill[f"{{cal:{key}}}"] = str(tmp_path / f"{key}.json")
+            (tmp_path / f"{key}.json").write_text(json.dumps(data))
     args = [fill.get(a, a.replace("{tmp}", str(tmp_path))) for a in argv]
     code, out, err = run_main(capsys, args)
     assert code == 2 and err.count("\n") == 1 and says in err, (code, err)

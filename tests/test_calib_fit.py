@@ -455,3 +455,19 @@ def test_launch_spread_takes_the_larger_of_within_and_between_runs_and_the_fit_w
     quiet = df.assign(seconds=[1e-6 + n * 1e-10 for n in df.size_bytes])
     assert not any("MPI launches" in w for w in fit_model("pingpong", "inter", quiet, FitOptions())[1])
     assert launch_spread(quiet.assign(launches=1).iloc[:len(sizes)]) is None
+
+
+def test_three_sizes_two_on_a_line_give_an_interval_not_a_point():
+    """Huber's scale is the residuals' MAD, 0 when two of three points lie on the line: the segment's statistics
+    then come from least squares, so a point 20% off the line widens the interval instead of vanishing from it."""
+    from calib.segments import fit_line
+
+    n = np.array([1024.0, 4096.0, 16384.0])
+    t = 2e-6 + n * 1e-9
+    t[1] *= 1.2
+    pts = Points.build(np.full(3, 2.0), n, t, n)
+    fit = fit_line(algorithm("p2p"), pts, "huber")
+    assert fit.rel_resid_sd > 0.01 and fit.se[0] > 0 and fit.se[1] > 0, fit
+    assert fit.ci95[1][0] < fit.beta_s_per_byte < fit.ci95[1][1]
+    same = fit_line(algorithm("p2p"), Points.build(np.full(3, 2.0), n, 2e-6 + n * 1e-9, n), "huber")
+    assert same.rel_resid_sd <= 1e-9                          # on the line: no scatter to report

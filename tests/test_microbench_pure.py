@@ -56,6 +56,12 @@ def test_malformed_sizes_raise(bad):
         parse_sizes(bad)
 
 
+@pytest.mark.parametrize("bad", ["1K:", ":1K", "8, :64"])
+def test_a_range_missing_an_end_is_named_as_a_range(bad):
+    with pytest.raises(UsageError, match="malformed size range"):
+        parse_sizes(bad)
+
+
 def test_format_size_round_trips_binary_units():
     for n in (8, 1024, 3 << 20, 64 << 20, 2 << 30):
         assert parse_size(format_size(n)) == n
@@ -293,8 +299,19 @@ def test_expected_results_are_consistent_across_ranks():
 def test_parse_ops():
     assert [op.name for op in parse_ops("pingpong,allreduce")] == ["allreduce", "pingpong"]
     assert len(parse_ops(None)) == len(OPS)
-    with pytest.raises(UsageError, match="unknown operation"):
+    with pytest.raises(UsageError, match="unknown operation 'bogus'"):
         parse_ops("allreduce,bogus")
+
+
+@pytest.mark.parametrize("parse,text,says", [
+    (parse_ops, "", "empty operation"), (parse_ops, "allreduce,,pingpong", "empty operation"),
+    (lambda t: parse_procs(t, 4), "", "malformed process counts"),
+    (lambda t: parse_procs(t, 4), "2,,4", "malformed process counts"),
+    (parse_links, "", "unknown link class ''"), (parse_links, "intra,", "unknown link class ''")])
+def test_an_empty_list_or_item_is_an_error_not_every_value(parse, text, says):
+    """An unset shell variable (--ops "$OPS") must not sweep everything: only an absent option means all."""
+    with pytest.raises(UsageError, match=says):
+        parse(text)
 
 
 def test_link_groups_from_hosts():
