@@ -333,6 +333,10 @@ RUN_CASES = [
         put(median_s="fast"), put(procs="two"), put(size_bytes=None), put(op=7), put(requested_bytes=[1, 2]),
         put(ci_low_s={"lo": 1}), put(wrong="none")), f"1 {DROPPED}a process count that is not a whole number"),
     Case("cut_short_point_not_object", edit_points(lambda r: [1, 2])),
+    Case("cut_short_point_without_id", edit_points(without("point_id"), put(point_id=None))),
+    Case("cut_short_stray_record", then(cut_short, lambda d, rng: (d / "points" / "zz.json").write_text(
+        '{"median_s": 1.0}'))),
+    Case("bisect_record_garbage", lambda d, rng: (d / "bisect.json").write_text('{"passes": "x", "points": 5}')),
     Case("cut_short_point_beyond_any_count", edit_points(
         put(size_bytes=1e300), put(groups=math.inf), put(procs=10 ** 30), put(dtype="weird"), put(launches=-math.inf)),
         f"1 {DROPPED}a size that is not a positive number of bytes"),

@@ -110,6 +110,21 @@ def test_spec_calibration(tmp_path):
         from_spec({**spec, "device": {**spec["device"], "sms": 0}})
 
 
+def test_an_empty_gemm_costs_its_latency_on_a_device_with_tiles(tmp_path, capsys):
+    """A transformer without a vocabulary (its output projection has n = 0) on a spec's calibration, whose GEMMs fill
+    tiles in waves: the empty product fills no tile and costs about the call's latency, and search prices every
+    configuration (it divided by zero filled slots)."""
+    cal = calibration_from_dict(load_spec("selene").to_json())
+    tp = TrainingPricer(cal, Transformer.parse("transformer:d=64,heads=4,layers=2,seq=32,batch=4"), 4, 2, "float16")
+    lat = cal.gemm_latency_s("float16")
+    assert lat <= tp._gemms([(1, 128, 0, 64)]) < 1.01 * lat           # the latency, and its one operand's traffic
+    path = tmp_path / "selene.json"
+    path.write_text(json.dumps(load_spec("selene").to_json()))
+    code, out, err = run_main(capsys, ["search", str(path), "--model", "transformer:d=64,heads=4,layers=2,seq=32,"
+                                       "batch=4", "--devices", "4", "--gpus-per-node", "2"])
+    assert code == 0 and "t1 p1 d4" in out, err
+
+
 def test_wave_quantization_and_roofline_by_hand():
     """A GEMM filling 1.5 waves of tiles runs at 0.75 of the rate (the other orientation, half-filled tiles, is
     worse); one with k = 1 is priced by its bytes."""
