@@ -92,7 +92,7 @@ def _measured(run: Path) -> pd.DataFrame:
     return s[s.median_s > 0].set_index(["op", "link", "procs", "requested_bytes"])[["median_s", "size_bytes"]]
 
 
-def off_grid(measured: pd.DataFrame, held_out: list[int]) -> pd.DataFrame:
+def at_held_out(measured: pd.DataFrame, held_out: list[int]) -> pd.DataFrame:
     """The points at the held-out sizes."""
     return measured[measured.index.get_level_values("requested_bytes").isin(held_out)]
 
@@ -192,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     a, b = _measured(out / "A"), _measured(out / "B")
     seen = _measured(out / "A-grid")
     bisected = seen[~seen.index.get_level_values("requested_bytes").isin(grid)]
-    held = off_grid(a, mids)
+    held = at_held_out(a, mids)
     kept = unseen(held, bisected)
     print(f"run A's sweep bisected at {len(bisected)} sizes; {len(held) - len(kept)} of {len(held)} held-out points "
           f"lie within {NEAR:.0%} of one of them and are left out")
-    err = errors(load_calibration(cal_path), kept, off_grid(b, mids))
+    err = errors(load_calibration(cal_path), kept, at_held_out(b, mids))
     if err.empty:
         print("no between-size point was measured in both runs", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ inside by less than the fit's held-out target (5% for sizes >= 4 KiB), while a r
 @dataclass(frozen=True)
 class HiddenChange:
     """An interval of adjacent measured sizes of one (op, link, procs) whose time grew faster than its size beyond
-    the CIs; `suggest_bytes`: the geometric middle in whole elements (None where no whole element lies between)."""
+    the CIs and by more than MATERIAL; `suggest_bytes`: the geometric middle in whole elements (None where no whole element lies between)."""
 
     op: str
     link: str

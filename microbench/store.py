@@ -95,12 +95,11 @@ class RunStore:
 
     def add_bisected(self, keys: list[PointKey], bisect_pass: int) -> None:
         """Record the points a bisection pass added (bisect.json, rewritten atomically)."""
-        passes, _ = self.bisected()
         path = self.out / BISECT
-        rows = read_json(path, "bisection record")["points"] if path.is_file() else []
-        rows += [{"op": k.op, "link": k.link, "procs": k.procs, "requested_bytes": k.requested_bytes,
-                  "pass": bisect_pass} for k in keys]
-        atomic_write_json(path, {"passes": max(passes, bisect_pass), "points": rows})
+        earlier = read_json(path, "bisection record") if path.is_file() else {"passes": 0, "points": []}
+        rows = earlier["points"] + [{"op": k.op, "link": k.link, "procs": k.procs, "requested_bytes": k.requested_bytes,
+                                     "pass": bisect_pass} for k in keys]
+        atomic_write_json(path, {"passes": max(earlier["passes"], bisect_pass), "points": rows})
 
     def write_run(self, meta: dict) -> None:
         atomic_write_json(self.out / "run.json", meta)
@@ -116,8 +115,7 @@ class RunStore:
     def consolidate(self) -> pd.DataFrame:
         """summary.parquet, summary.csv and samples.parquet from every finished point."""
         ids = sorted(self.done_ids())
-        rows = [read_json(self.points / f"{pid}.json", "point record", finite=False) for pid in ids]
-        summary = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+        summary = self.summaries(ids)
         atomic_write(self.out / "summary.parquet", lambda tmp: summary.to_parquet(tmp, index=False))
         atomic_write(self.out / "summary.csv", lambda tmp: summary.to_csv(tmp, index=False))
 

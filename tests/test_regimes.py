@@ -74,6 +74,35 @@ def test_the_sweep_bisects_at_the_middle_of_each_flagged_interval_and_never_look
     assert middles(summary[summary.requested_bytes != 4096], frozenset({3072})) == {}   # 2 to 8 KiB: x2.2 for x4
 
 
+def test_a_rise_beyond_the_cis_but_within_5_percent_of_the_size_is_not_a_change():
+    """A rate-limited link's curvature: medians 3% faster than the size with tight CIs are not flagged (nor bisected);
+    10% faster are."""
+    def rise(excess):
+        t = np.array([1e-4, 2e-4 * (1 + excess)])
+        return pd.DataFrame({"op": "pingpong", "link": "inter", "procs": 2, "size_bytes": [65536, 131072],
+                             "requested_bytes": [65536, 131072], "dtype": "float32", "median_s": t,
+                             "ci_low_s": t * 0.999, "ci_high_s": t * 1.001})
+    points = lambda excess: rise(excess).rename(columns={"median_s": "seconds"})      # noqa: E731  (the fit's names)
+    assert hidden_changes(points(0.03)) == [] and middles(rise(0.03)) == {}
+    assert [(c.low_bytes, c.high_bytes) for c in hidden_changes(points(0.10))] == [(65536, 131072)]
+    assert middles(rise(0.10)) == {("pingpong", "inter", 2): [92680]}
+
+
+def test_between_leaves_out_held_out_points_next_to_a_bisected_size():
+    """benchmarks.between: a held-out size within 1% of a size the sweep bisected at (same op, link, procs) is no
+    longer held out; one farther, or of another operation, is."""
+    from benchmarks.between import unseen
+
+    index = ["op", "link", "procs", "requested_bytes"]
+    held = pd.DataFrame({"op": ["allreduce", "allreduce", "bcast"], "link": "intra", "procs": 2,
+                         "requested_bytes": [2896, 4088, 2896], "size_bytes": [2896, 4088, 2896],
+                         "median_s": 1e-6}).set_index(index)
+    bisected = pd.DataFrame({"op": ["allreduce"], "link": "intra", "procs": 2, "requested_bytes": [2900],
+                             "size_bytes": [2900], "median_s": 1e-6}).set_index(index)
+    kept = unseen(held, bisected)
+    assert sorted(kept.index) == [("allreduce", "intra", 2, 4088), ("bcast", "intra", 2, 2896)]
+
+
 def test_the_real_osu_latency_log_flags_its_protocol_change_once_it_has_cis(capsys, tmp_path):
     """The OSU 7.5 ping-pong fixture (0.41 us at 2 KiB, 1.90 us at 4 KiB) imported has no CIs (one mean a size), so
     nothing is claimed; given the sweep's default +-2% CI target its jumps beyond the size's ratio are named."""
