@@ -41,6 +41,8 @@ RATE_MBIT = 400
 # bytes of payload (20 IP + 20 TCP + 12 timestamp option bytes, 14 Ethernet header bytes).
 EXPECTED_BPS = RATE_MBIT * 1e6 / 8 * 1448 / 1514
 NODES = ("node1", "node2")
+OWNER = Path("/run/commcal-cluster.dir")  # where cluster.sh notes the state directory of the cluster that is up
+HOLDER = "pytest.pid"  # beside a test cluster's state directory: the test run that brought it up
 
 
 def _missing() -> str | None:
@@ -98,6 +100,21 @@ class Cluster:
         return "\n".join(parts)
 
 
+def _left_by_a_dead_run() -> Path | None:
+    """The state directory of the cluster that is up when a test run brought it up and was killed before bringing
+    it down (its pytest process is gone), else None: a cluster someone is using is never touched."""
+    try:
+        state = Path(OWNER.read_text().strip())
+        pid = int((state.parent / HOLDER).read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        alive = "pytest" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        alive = False
+    return None if alive else state
+
+
 @contextmanager
 def brought_up(tmp_path_factory, name: str, *up: str):
     """A local cluster (`cluster.sh up` with these arguments, state in a fresh directory), brought down however the
@@ -108,8 +125,13 @@ def brought_up(tmp_path_factory, name: str, *up: str):
     base = tmp_path_factory.mktemp(name)
     c = Cluster(base / "state", base / "work")
     c.work.mkdir()
+    (base / HOLDER).write_text(str(os.getpid()))
     if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("commcal-ctl"):
-        pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
+        left = _left_by_a_dead_run()
+        if left is None:
+            pytest.fail("a local cluster is already up (namespace commcal-ctl); run slurm/cluster.sh down first")
+        print(f"bringing down a cluster a killed test run left up ({left})")
+        subprocess.run([str(CLUSTER), "down"], env=cluster_env(left), capture_output=True, text=True, timeout=120)
     try:
         t0 = time.monotonic()
         c.run("up", *up, timeout=90)
