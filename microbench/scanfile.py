@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,21 @@ class Scan:
                 found.setdefault(node, []).append(v.metric)
         return {n: found[n] for n in self.nodes if n in found}
 
+    def unmeasured(self) -> tuple[tuple[str, str, str], ...]:
+        """(figure, node_a, node_b) of each pair figure and node check the verdicts cannot judge: missing, or its
+        time or rate not a positive number (node_b empty for a node check)."""
+        out = []
+        for metric, size, column in (("bandwidth", self.bandwidth_size, "rate"),
+                                     ("latency", self.latency_size, "median_s")):
+            got = self.pair_values(size, column)
+            got |= {(b, a): v for (a, b), v in got.items()}
+            out += [(metric, a, b) for a, b in combinations(self.nodes, 2) if not math.isfinite(got.get((a, b), math.nan))]
+        for op in NODE_OPS:
+            values = self.node_values(op)
+            if values:
+                out += [(op, n, "") for n in self.nodes if not math.isfinite(values.get(n, math.nan))]
+        return tuple(out)
+
     @property
     def rechecks(self) -> tuple[Recheck, ...]:
         """The figures measured twice (scan.json `rechecked`); entries that are not well formed are left out."""
@@ -231,6 +247,8 @@ def read_scan(path: str | Path) -> Scan:
     known = rows["kind"].isin(["pair", "node"]) & rows["node_a"].isin(nodes) & \
         (rows["node_b"].isin(nodes) | (rows["kind"] == "node")) & (rows["size_bytes"] > 0) & (rows["size_bytes"] <= MAX_BYTES)
     rows = rows[known].copy()
+    usable = np.isfinite(rows["median_s"]) & (rows["median_s"] > 0) & np.isfinite(rows["rate"]) & (rows["rate"] > 0)
+    rows.loc[~usable, ["median_s", "rate"]] = math.nan  # no figure: left out of the verdicts, listed by unmeasured()
     if not (rows["kind"] == "pair").any():
         raise UsageError(f"{path / 'scan.parquet'}: no pair measurement between the scan's nodes")
     rows["size_bytes"] = rows["size_bytes"].astype(np.int64)

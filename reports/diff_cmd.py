@@ -1,6 +1,6 @@
 """`commcal diff CAL_A CAL_B`: print what changed between two calibrations; with --out, also a figure, HTML and
 Markdown; with --check, exit 1 when anything changed beyond its CIs. Given two scan directories, what changed
-between the scans (reports.scan_diff); --check then exits 1 on a newly slow node or pair."""
+between the scans (reports.scan_diff); --check then exits 1 on a newly slow node or pair, or a figure B lacks."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cal_a", metavar="CAL_A", help="the earlier (reference) calibration JSON, or scan directory")
     parser.add_argument("cal_b", metavar="CAL_B", help="the later calibration JSON, or scan directory")
     parser.add_argument("--out", metavar="DIR", help="also write diff.html, diff.md and figures/diff.png/.svg here")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any parameter changed beyond its 95%% CIs")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any parameter changed beyond its 95%% CIs (scans: if a node or "
+                        "pair is newly slow, or B lacks a usable figure)")
 
 
 def _text_table(table) -> str:

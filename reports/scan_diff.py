@@ -48,17 +48,19 @@ class ScanDiff:
     cleared_nodes: list[str]
     new_pairs: list[tuple[str, str, str]]
     cleared_pairs: list[tuple[str, str, str]]
+    unmeasured: tuple[tuple[str, str, str], ...] = ()  # B's figures the rule cannot judge (Scan.unmeasured)
 
     @property
     def worse(self) -> bool:
-        return bool(self.new_nodes or self.new_pairs)
+        """Something newly slow, or something B cannot vouch for."""
+        return bool(self.new_nodes or self.new_pairs or self.unmeasured)
 
 
 def compare(a: Scan, b: Scan) -> ScanDiff:
     nodes_a, pairs_a = slow(a)
     nodes_b, pairs_b = slow(b)
     return ScanDiff(pair_changes(a, b), sorted(nodes_b - nodes_a), sorted(nodes_a - nodes_b),
-                    sorted(pairs_b - pairs_a), sorted(pairs_a - pairs_b))
+                    sorted(pairs_b - pairs_a), sorted(pairs_a - pairs_b), b.unmeasured())
 
 
 def table(d: ScanDiff) -> Table:
@@ -69,6 +71,9 @@ def table(d: ScanDiff) -> Table:
 
 def summary(d: ScanDiff) -> list[str]:
     say = lambda items: ", ".join(items) or "none"  # noqa: E731
-    pairs = lambda items: say([f"{a}-{b} ({m})" for m, a, b in items])  # noqa: E731
-    return [f"newly slow nodes: {say(d.new_nodes)}; no longer slow: {say(d.cleared_nodes)}",
-            f"newly slow pairs: {pairs(d.new_pairs)}; no longer slow: {pairs(d.cleared_pairs)}"]
+    pairs = lambda items: say([f"{a}-{b} ({m})" if b else f"{a} ({m})" for m, a, b in items])  # noqa: E731
+    lines = [f"newly slow nodes: {say(d.new_nodes)}; no longer slow: {say(d.cleared_nodes)}",
+             f"newly slow pairs: {pairs(d.new_pairs)}; no longer slow: {pairs(d.cleared_pairs)}"]
+    if d.unmeasured:
+        lines.append(f"without a usable figure in B: {pairs(d.unmeasured)}")
+    return lines

@@ -115,6 +115,10 @@ def section(scan: Scan | None, root: Path) -> Section:
     if loose:
         blocks.append(Note("Slow pairs between nodes that are not slow themselves (a link or switch port?): "
                            + ", ".join(f"{a}–{b} ({m})" for m, a, b in loose), "warning"))
+    if scan.unmeasured():
+        blocks.append(Note("Not judged, no usable figure (missing, or a time or rate that is not a positive number): "
+                           + ", ".join(f"{a}–{b} ({m})" if b else f"{a} ({m})" for m, a, b in scan.unmeasured()),
+                           "warning"))
     if scan.rechecks:
         blocks.append(Table("Measured twice: what the first measurement flagged, and the faster figure kept",
                             ("op", "node or pair", "size", "first median", "second median", "kept"),

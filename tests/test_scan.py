@@ -12,6 +12,7 @@ from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import REPO, mpi_env, mpiexec_argv, run_main, run_mpi
@@ -149,6 +150,28 @@ def test_report_and_diff_of_scans(tmp_path, capsys):
     assert code == 0 and "newly slow nodes: none" in out
     code, _, err = run_main(capsys, ["diff", str(clean), str(tmp_path / "nothing.json")])
     assert code == 2 and "cannot compare a scan with a calibration" in err
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0.0, -5.0, float("inf")])
+@pytest.mark.parametrize("figure", ["bandwidth", "copy"])
+def test_a_figure_that_is_not_a_positive_number_is_not_judged_and_fails_the_check(tmp_path, capsys, value, figure):
+    good, bad = scan_dir(tmp_path / "good"), scan_dir(tmp_path / "bad")
+    rows = pd.read_parquet(bad / "scan.parquet")
+    where = (rows["size_bytes"] == 4 << 20) if figure == "bandwidth" else (rows["op"] == "copy")
+    i = rows.index[where][0]
+    rows.loc[i, ["median_s", "rate"]] = value
+    rows.to_parquet(bad / "scan.parquet", index=False)
+    named = f"{rows.loc[i, 'node_a']}–{rows.loc[i, 'node_b']}" if figure == "bandwidth" else rows.loc[i, "node_a"]
+    scan = read_scan(bad)
+    assert [(m, a, b) for m, a, b in scan.unmeasured()] == [(figure, rows.loc[i, "node_a"], rows.loc[i, "node_b"])]
+    assert scan.flagged_nodes() == {}, "an unusable figure makes no node slow"
+    code, _, err = run_main(capsys, ["report", "--scan", str(bad), "--out", str(tmp_path / "r")])
+    assert code == 0, err
+    assert f"{named} ({figure})" in (tmp_path / "r" / "report.md").read_text()
+    code, out, _ = run_main(capsys, ["diff", str(good), str(bad), "--check"])
+    assert code == 1 and f"without a usable figure in B: {named.replace('–', '-')} ({figure})" in out, out
+    code, out, _ = run_main(capsys, ["diff", str(bad), str(good), "--check"])
+    assert code == 0 and "usable" not in out, out
 
 
 def _break(path: Path, how: str) -> None:
