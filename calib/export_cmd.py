@@ -8,6 +8,7 @@ import argparse
 from calib import export
 from calib.calibration import load_calibration
 from microbench.atomic import atomic_write_text, not_an_input
+from microbench.errors import UsageError
 
 FORMATS = ("calculon", "astra-sim", "simai")
 
@@ -24,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.topology is not None and args.format != "astra-sim":
+        raise UsageError(f"--topology is astra-sim's; the {args.format} format has no topology to set")
     not_an_input(args.out, [args.calibration])
     cal = load_calibration(args.calibration)
     if args.format == "calculon":

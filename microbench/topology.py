@@ -151,4 +151,9 @@ def parse_links(text: str | None, height: int = 1) -> list[str]:
     if bad:
         raise UsageError(f"unknown link class {', '.join(map(repr, bad))} in {text!r}; choose from intra, inter, "
                          f"inter2..inter9, spread")
+    above = [link for link in links if (link_level(link) or 0) > height]
+    if above:
+        raise UsageError(f"--links {', '.join(above)}: the topology has {height} switch level(s) "
+                         f"({'flat' if height == 1 else 'inter..inter' + str(height)}); give the switch tree with "
+                         "--topology FILE, or drop it")
     return [link for link in links_for(9) if link in links]

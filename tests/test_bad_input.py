@@ -59,6 +59,8 @@ CASES = {
     "spec_machine_not_a_name": (["calibration", "from-spec", "{spec:machine}", "--out", "{tmp}/c.json"], "'machine'"),
     "spec_written_over_itself": (["calibration", "from-spec", "{spec:sources}", "--out", "{tmp}/spec.json"],
                                  "would overwrite the input"),
+    "export_topology_of_another_format": (["export", "{cal}", "--format", "calculon", "--topology", "Ring",
+                                           "--out", "{tmp}/x.json"], "--topology is astra-sim's"),
     "export_over_its_calibration": (["export", "{cal}", "--format", "calculon", "--out", "{cal}"],
                                     "would overwrite the input"),
     "fit_over_its_run": (["fit", str(RUN), "--out", str(RUN / "run.json")], "would overwrite the input"),

@@ -85,8 +85,10 @@ def test_a_dry_run_plans_the_levels_of_its_topology_file(tmp_path):
     conf.write_text(CONF)
     args = ["sweep", "--dry-run", "--quick", "--ops", "allreduce", "--links", "inter,inter2"]
     racked = run_cli([*args, "--nodes", "4", "--topology", str(conf)], timeout=60)
-    flat = run_cli([*args, "--nodes", "4"], timeout=60)
+    flat = run_cli([*args[:-1], "inter", "--nodes", "4"], timeout=60)
     assert racked.returncode == 0 == flat.returncode, racked.stderr + flat.stderr
+    unformed = run_cli([*args, "--nodes", "4"], timeout=60)   # a flat machine has no inter2: said, not dropped
+    assert unformed.returncode == 2 and unformed.stderr.count("\n") == 1 and "inter2" in unformed.stderr
     points = lambda out: int(out.split(" points (")[0].rsplit(", ", 1)[1])     # noqa: E731
     assert points(flat.stdout) > 0 and points(racked.stdout) > points(flat.stdout)   # inter2 only across racks
     assert "links inter,inter2" in racked.stdout
@@ -124,6 +126,10 @@ def test_link_names_and_fallback_keep_the_old_classes():
     assert fallback("inter2")[:3] == ("inter2", "inter", "inter3")
     with pytest.raises(UsageError, match="unknown link class"):
         parse_links("inter10")
+    with pytest.raises(UsageError, match="inter3: the topology has 2 switch level"):
+        parse_links("intra,inter3", 2)
+    with pytest.raises(UsageError, match="inter2: the topology has 1 switch level.*flat"):
+        parse_links("inter2", 1)
 
 
 def test_a_mesh_is_placed_on_the_levels():
