@@ -23,6 +23,7 @@ from calib.calibration import load_calibration
 from microbench.errors import UsageError
 from microbench.jsonfile import strict_json
 from microbench.links import is_link
+from microbench.ops import LOCAL_OPS
 from microbench.sizes import format_size, parse_size
 
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         return run_predict(args, cal)
     if args.layer:
         return run_strategy(args, cal)
+    if args.op in LOCAL_OPS:
+        raise UsageError(f"--op {args.op}: predict prices communication; {args.op} is a local operation, whose "
+                         f"rates are the calibration's compute.{args.op}")
     missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
     if missing:
         raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")

@@ -37,6 +37,16 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+DIRECTORY_KINDS = {"run.json": "a sweep run directory", "scan.json": "a scan directory"}
+"""What a directory of ours is, by the provenance file it holds."""
+
+
+def directory_kind(path) -> str | None:
+    """'a sweep run directory' or 'a scan directory' where `path` is one (by its provenance file), else None."""
+    p = Path(path)
+    return next((kind for name, kind in DIRECTORY_KINDS.items() if (p / name).is_file()), None)
+
+
 def read_json(path, what: str, shown=None, finite: bool = True):
     """The parsed JSON of `path`, a file holding a `what` (e.g. "calibration"); `shown`: the name errors give it
     (default the path); finite=False reads NaN and Infinity too (a run's records hold NaN where a statistic has no
@@ -46,6 +56,8 @@ def read_json(path, what: str, shown=None, finite: bool = True):
         with open(p, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
+        if p.is_dir():
+            raise UsageError(f"{shown}: {directory_kind(p) or 'a directory'}, not a {what}") from None
         raise UsageError(f"{shown}: cannot read {what} ({exc.strerror or exc})") from None
     if len(raw) > MAX_FILE_BYTES:
         raise UsageError(f"{shown}: not a {what}: more than {MAX_FILE_BYTES >> 20} MiB of JSON")

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
-from microbench.jsonfile import read_json
+from microbench.jsonfile import directory_kind, read_json
 from microbench.limits import MAX_BYTES, MAX_COUNT
 
 RUN_SCHEMA = "commcal.run"
@@ -160,7 +160,8 @@ def read_meta(path: Path, schema: str, version: int, what: str) -> dict:
     """A directory's provenance JSON (`path`), checked to hold an object of `schema` at `version`; `what` names
     the directory a missing file means this is not."""
     if not path.is_file():
-        raise UsageError(f"{path.parent}: not {what} (no {path.name})")
+        other = directory_kind(path.parent)
+        raise UsageError(f"{path.parent}: not {what} (no {path.name})" + (f": {other}" if other else ""))
     meta = read_json(path, path.name, finite=False)
     if not isinstance(meta, dict):
         raise UsageError(f"{path}: {path.name} must hold a JSON object, not {type(meta).__name__}")

@@ -150,6 +150,10 @@ def test_report_and_diff_of_scans(tmp_path, capsys):
     assert code == 0 and "newly slow nodes: none" in out
     code, _, err = run_main(capsys, ["diff", str(clean), str(tmp_path / "nothing.json")])
     assert code == 2 and "cannot compare a scan with a calibration" in err
+    code, _, err = run_main(capsys, ["fit", str(clean), "--out", str(tmp_path / "c.json")])
+    assert code == 2 and "no run.json): a scan directory" in err, err
+    code, _, err = run_main(capsys, ["table", str(clean)])
+    assert code == 2 and "a scan directory, not a calibration" in err, err
 
 
 @pytest.mark.parametrize("value", [float("nan"), 0.0, -5.0, float("inf")])
