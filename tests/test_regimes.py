@@ -12,10 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calib.calibration import load_calibration
 from calib.points import load_runs
 from calib.regimes import change_warnings
 from calib.synthetic import Segment, TrueModel, write_synthetic_run
 from conftest import run_main
+from microbench.records import load_summary
 from microbench.regimes import HiddenChange, hidden_changes, middles
 
 OSU = Path(__file__).parent / "data" / "peers" / "osu-7.5"
@@ -86,6 +88,35 @@ def test_a_rise_beyond_the_cis_but_within_5_percent_of_the_size_is_not_a_change(
     assert hidden_changes(points(0.03)) == [] and middles(rise(0.03)) == {}
     assert [(c.low_bytes, c.high_bytes) for c in hidden_changes(points(0.10))] == [(65536, 131072)]
     assert middles(rise(0.10)) == {("pingpong", "inter", 2): [92680]}
+
+
+@pytest.mark.parametrize("step", [280_000, 300_000, 340_000, 450_000, 500_000])
+def test_bisecting_twice_leaves_at_most_an_eighth_of_the_octave_priced_off_its_regime(tmp_path, step, capsys):
+    """The sweep's two bisection passes (middles over the summaries so far, measured, then again) ahead of the fit:
+    of the sizes inside an octave that holds a protocol change the grid cannot see, those the fit prices more than
+    5% off their truth span at most an eighth of the octave (each pass halves the interval the change can lie in,
+    and the fit's break falls mid-interval), and never more than without the bisection."""
+    truth = {("allreduce", "inter"): TrueModel((Segment(step, 8e-6, 2e-10), Segment(math.inf, 90e-6, 3e-10)))}
+    inside = np.geomspace(262144, 524288, 63)[1:-1]
+
+    def off(sizes: list[int]) -> tuple[float, Path]:
+        run = write_synthetic_run(tmp_path / f"run{len(sizes)}", truth, {"inter": [2, 4]}, sizes=sizes, seed=3)
+        code, _, err = run_main(capsys, ["fit", str(run), "--out", str(tmp_path / f"cal{len(sizes)}.json")])
+        assert code == 0, err
+        cal = load_calibration(tmp_path / f"cal{len(sizes)}.json")
+        err = [abs(cal.predict("allreduce", "inter", p, int(n)).seconds
+                   / float(truth[("allreduce", "inter")].seconds("allreduce", p, int(n))) - 1)
+               for p in (2, 4) for n in inside]
+        return float(np.mean(np.array(err) > 0.05)), run
+
+    grid = [2 ** k for k in range(10, 23)]
+    before, run = off(grid)
+    sizes = list(grid)
+    for _ in range(2):
+        sizes = sorted(set(sizes) | {n for found in middles(load_summary(run)).values() for n in found})
+        after, run = off(sizes)
+    assert len(sizes) == len(grid) + 2, sizes
+    assert after <= min(before, 1 / 8) + 1 / len(inside), (before, after, sizes)
 
 
 def test_between_leaves_out_held_out_points_next_to_a_bisected_size():
