@@ -102,9 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tuple[str, ...]],
-                 topology: Topology = Topology()):
+                 topology: Topology | None = None):
     """The sweep configuration from arguments (quick preset first, explicit flags override it); `topology`: the
-    job's switch levels."""
+    job's switch levels (None: not known yet, so --links is not held against them; flat in the result)."""
     from microbench.sweep import SweepConfig
 
     def pick(name: str):
@@ -136,7 +136,8 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
         bisect = 0
     return SweepConfig(ops=ops, method=args.method, sizes=tuple(parse_sizes(pick("sizes"))),
                        procs=tuple(parse_procs(args.procs, world_size)),
-                       links=tuple(parse_links(args.links, topology.height)), topology=topology,
+                       links=tuple(parse_links(args.links, topology and topology.height)),
+                       topology=topology or Topology(),
                        rule=rule, backend=args.backend, in_place=args.in_place, dtypes=dtypes, retries=args.retries,
                        concurrent=args.concurrent, rounds=rounds, cache=cache, gap_ms=args.gap_ms,
                        after_gemm=args.after_gemm, bisect=bisect,
@@ -264,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     check_world(world.size, args.expect_world)
     if args.in_place and args.backend != "nccl":
         raise UsageError("--in-place applies to --backend nccl")
-    build_config(args, world.size, {})             # reject bad arguments before touching a device
+    build_config(args, world.size, {})             # reject bad arguments before touching a device or the topology
     hosts = world.allgather(MPI.Get_processor_name())
     topology = world.bcast(_topology(args.topology, hosts) if world.rank == 0 else None, root=0)
     if isinstance(topology, str):

@@ -142,16 +142,17 @@ def parse_procs(text: str | None, world: int) -> list[int]:
     return counts
 
 
-def parse_links(text: str | None, height: int = 1) -> list[str]:
-    """--links as link classes, innermost first (default: every class of a topology of `height` switch levels)."""
+def parse_links(text: str | None, height: int | None = 1) -> list[str]:
+    """--links as link classes, innermost first (default: every class of a topology of `height` switch levels); a
+    switch level above `height` is an error (height None: not known yet, any level goes)."""
     if text is None:
-        return list(links_for(height))
+        return list(links_for(height or 1))
     links = [t.strip() for t in text.split(",")]
     bad = [link for link in links if not is_link(link)]
     if bad:
         raise UsageError(f"unknown link class {', '.join(map(repr, bad))} in {text!r}; choose from intra, inter, "
                          f"inter2..inter9, spread")
-    above = [link for link in links if (link_level(link) or 0) > height]
+    above = [link for link in links if height is not None and (link_level(link) or 0) > height]
     if above:
         raise UsageError(f"--links {', '.join(above)}: the topology has {height} switch level(s) "
                          f"({'flat' if height == 1 else 'inter..inter' + str(height)}); give the switch tree with "

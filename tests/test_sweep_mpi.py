@@ -522,3 +522,8 @@ def test_topology_file_is_recorded_and_bad_ones_are_one_line(tmp_path):
         errors = [line for line in proc.stderr.splitlines() if line.startswith("commcal: error:")]
         assert proc.returncode == 2 and len(errors) == 1 and says in errors[0], proc.stderr
         assert "Traceback" not in proc.stderr
+    # without a switch tree the machine is flat: a level it lacks is refused once the job's topology is known
+    proc = run_mpi(2, ["sweep", "--out", str(tmp_path / "flat"), "--links", "intra,inter2", *FAST])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("commcal: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "inter2: the topology has 1 switch level" in errors[0], \
+        proc.stderr
