@@ -115,6 +115,11 @@ def _left_by_a_dead_run() -> Path | None:
     return None if alive else state
 
 
+def stolen_share(run: dict) -> float:
+    """The largest share of a node's CPU the hypervisor took while a sweep ran (its run.json's cpu_steal; 0 unknown)."""
+    return max((f for f in (run.get("cpu_steal") or {}).values() if isinstance(f, (int, float))), default=0.0)
+
+
 @contextmanager
 def brought_up(tmp_path_factory, name: str, *up: str):
     """A local cluster (`cluster.sh up` with these arguments, state in a fresh directory), brought down however the
@@ -289,7 +294,7 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     # 4. the job ended with its report
     assert (cal_path.parent / f"{cal_path.stem}-report" / "report.html").is_file(), log
     # 5. ground truth: the inter-node point-to-point bandwidth is the tbf rate's payload share, on hosts that ran it
-    stolen = max((f for f in (run.get("cpu_steal") or {}).values() if isinstance(f, (int, float))), default=0.0)
+    stolen = stolen_share(run)
     if stolen > STEAL_WARN:
         assert any("cpu_steal" in w for w in data["warnings"]), data["warnings"]     # the fit says so
         pytest.skip(f"the hypervisor took {stolen:.0%} of a node's CPU while the sweep ran (run.json cpu_steal): "

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import VENV_BIN, run_cli
 from microbench.switches import parse_switches, tree
-from test_cluster import SWEEP, brought_up, model_points
+from microbench.provenance import STEAL_WARN
+from test_cluster import SWEEP, brought_up, model_points, stolen_share
 
 pytestmark = pytest.mark.cluster
 
@@ -94,6 +95,10 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
         if abs(bw / truth - 1) > 0.05:
             misses.append(link)
     print("\n".join(lines))
+    stolen = stolen_share(run)
+    if misses and stolen > STEAL_WARN:
+        pytest.skip(f"the hypervisor took {stolen:.0%} of a node's CPU while the sweep ran (run.json cpu_steal): "
+                    f"a bandwidth measured under steal does not judge the link ({'; '.join(lines)})")
     assert not misses, "\n".join(lines + [line for link in misses for line in model_points(
         out / "pingpong", "pingpong", link, data["models"]["pingpong"][link])]) + "\n" + log
     assert {"intra", "inter", "inter2"} <= set(data["models"]["allgather"])
