@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from microbench.scanfile import Scan
 from reports.document import Table
-from reports.scan_view import show
+from reports.scan_view import figure_label, show
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def table(d: ScanDiff) -> Table:
 
 def summary(d: ScanDiff) -> list[str]:
     say = lambda items: ", ".join(items) or "none"  # noqa: E731
-    pairs = lambda items: say([f"{a}-{b} ({m})" if b else f"{a} ({m})" for m, a, b in items])  # noqa: E731
+    pairs = lambda items: say([figure_label(*f, dash="-") for f in items])  # noqa: E731
     lines = [f"newly slow nodes: {say(d.new_nodes)}; no longer slow: {say(d.cleared_nodes)}",
              f"newly slow pairs: {pairs(d.new_pairs)}; no longer slow: {pairs(d.cleared_pairs)}"]
     if d.unmeasured:

@@ -28,6 +28,11 @@ def show(metric: str, value: float) -> str:
     return f"{shown:.0f} {unit}" if abs(shown) >= 1e4 else f"{shown:.4g} {unit}"
 
 
+def figure_label(metric: str, a: str, b: str, dash: str = "–") -> str:
+    """A judged figure by name: 'node1–node2 (bandwidth)' for a pair, 'node3 (copy)' for a node check."""
+    return f"{a}{dash}{b} ({metric})" if b else f"{a} ({metric})"
+
+
 def verdict_table(verdicts: tuple[Verdict, ...]) -> Table:
     rows = tuple((v.metric, "higher" if v.higher_is_better else "lower", show(v.metric, v.reference),
                   show(v.metric, v.threshold), ", ".join(v.slow_nodes) or "none",
@@ -114,11 +119,11 @@ def section(scan: Scan | None, root: Path) -> Section:
     loose = [(v.metric, a, b) for v in verdicts for a, b in v.slow_pairs if a not in flagged and b not in flagged]
     if loose:
         blocks.append(Note("Slow pairs between nodes that are not slow themselves (a link or switch port?): "
-                           + ", ".join(f"{a}–{b} ({m})" for m, a, b in loose), "warning"))
-    if scan.unmeasured():
+                           + ", ".join(figure_label(*f) for f in loose), "warning"))
+    unmeasured = scan.unmeasured()
+    if unmeasured:
         blocks.append(Note("Not judged, no usable figure (missing, or a time or rate that is not a positive number): "
-                           + ", ".join(f"{a}–{b} ({m})" if b else f"{a} ({m})" for m, a, b in scan.unmeasured()),
-                           "warning"))
+                           + ", ".join(figure_label(*f) for f in unmeasured), "warning"))
     if scan.rechecks:
         blocks.append(Table("Measured twice: what the first measurement flagged, and the faster figure kept",
                             ("op", "node or pair", "size", "first median", "second median", "kept"),

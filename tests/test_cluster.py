@@ -790,3 +790,20 @@ def test_down_stops_everything_and_is_safe_twice(cluster):
     assert not cluster.state.exists()
     again = cluster.run("down", timeout=60)
     assert "nothing to do" in again.stderr
+
+
+def test_a_cluster_a_killed_test_run_left_up_is_brought_down_and_one_in_use_is_not(tmp_path_factory):
+    """brought_up: a cluster whose test run is gone (its pytest.pid names no live process) is brought down before the
+    next comes up; one whose run is alive (this one) is left alone, and the next test fails saying so."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                             # a pid no process holds any more
+    with brought_up(tmp_path_factory, "left", "--nodes", "1", "--no-slurm") as left:
+        (left.state.parent / HOLDER).write_text(str(gone.pid))   # as if the run that brought it up was killed
+        with brought_up(tmp_path_factory, "next", "--nodes", "1", "--no-slurm") as c:
+            assert Path(OWNER.read_text().strip()) == c.state
+            assert c.run("exec", "node1", "hostname").stdout.strip() == "node1"
+    with brought_up(tmp_path_factory, "used", "--nodes", "1", "--no-slurm") as used:
+        with pytest.raises(pytest.fail.Exception, match="already up"):
+            with brought_up(tmp_path_factory, "second", "--nodes", "1", "--no-slurm"):
+                pass
+        assert Path(OWNER.read_text().strip()) == used.state, "the cluster in use is untouched"

@@ -156,16 +156,21 @@ def test_report_and_diff_of_scans(tmp_path, capsys):
     assert code == 2 and "a scan directory, not a calibration" in err, err
 
 
-@pytest.mark.parametrize("value", [float("nan"), 0.0, -5.0, float("inf")])
+@pytest.mark.parametrize("value", [float("nan"), 0.0, -5.0, float("inf"), "no row"])
 @pytest.mark.parametrize("figure", ["bandwidth", "copy"])
 def test_a_figure_that_is_not_a_positive_number_is_not_judged_and_fails_the_check(tmp_path, capsys, value, figure):
+    """A pair or node figure that is missing or not a positive number: listed as not judged, slows no node, shown
+    in the report, and fails diff --check when the later scan has it (not the earlier)."""
     good, bad = scan_dir(tmp_path / "good"), scan_dir(tmp_path / "bad")
     rows = pd.read_parquet(bad / "scan.parquet")
     where = (rows["size_bytes"] == 4 << 20) if figure == "bandwidth" else (rows["op"] == "copy")
     i = rows.index[where][0]
-    rows.loc[i, ["median_s", "rate"]] = value
-    rows.to_parquet(bad / "scan.parquet", index=False)
     named = f"{rows.loc[i, 'node_a']}–{rows.loc[i, 'node_b']}" if figure == "bandwidth" else rows.loc[i, "node_a"]
+    if value == "no row":
+        rows.drop(index=i).to_parquet(bad / "scan.parquet", index=False)
+    else:
+        rows.loc[i, ["median_s", "rate"]] = value
+        rows.to_parquet(bad / "scan.parquet", index=False)
     scan = read_scan(bad)
     assert [(m, a, b) for m, a, b in scan.unmeasured()] == [(figure, rows.loc[i, "node_a"], rows.loc[i, "node_b"])]
     assert scan.flagged_nodes() == {}, "an unusable figure makes no node slow"
