@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from calib.calibration import load_calibration
@@ -203,6 +202,13 @@ def test_import_refuses_what_no_run_holds_in_one_line(capsys, tmp_path, flags, o
     assert not (path / "run.json").exists()
 
 
+GIB = 1 << 30
+"""ASTRA-sim's and SimAI's GB (astra-network-analytical common/NetworkFunction.cpp: bw_GBps_to_Bpns multiplies by
+2^30; SimAI system/Common.hh: GBps is 1 / 2^30)."""
+ASTRA_HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
+"""Hops between two neighbours of an ASTRA-sim dimension (congestion_unaware/basic-topology: Switch 2, the others 1)."""
+
+
 def calculon_seconds(tier: dict, op: str, nbytes: float, procs: int) -> float:
     """Calculon's network time (calculon/network.py): latency + size * scalar * (1 + offset / p) / (bw * eff)."""
     scalar, offset = tier["ops"][op]
@@ -215,10 +221,24 @@ def yaml_lists(text: str) -> dict:
     return {k: [v.strip() for v in body.split(",")] for k, body in re.findall(r"^(\w+): \[(.*)\]", text, re.M)}
 
 
+def simai_groups(text: str) -> dict[str, dict[str, str]]:
+    """busbw.yaml read as SimAI's UserParam::parseYaml does: the first line a name, `X:` a section, each key cut at
+    its first comma."""
+    groups: dict[str, dict[str, str]] = {}
+    for line in text.splitlines()[1:]:
+        key, _, value = line.partition(":")
+        if not value.strip():
+            groups[key] = section = {}
+        else:
+            section[key.split(",")[0]] = value.strip()
+    return groups
+
+
 def test_export_round_trips(capsys, tmp_path):
     """Calculon: each collective's size term read back prices as the calibration does (the latency is the link's
-    alpha only, a loss docs/import-export.md names); ASTRA-sim: each dimension's latency + n / bandwidth is the
-    pingpong line; SimAI: busbw per group in GB/s, null where the calibration has no model; unsuppliable fields
+    alpha only, a loss docs/import-export.md names); ASTRA-sim: a message between two neighbours of a dimension,
+    as its analytical backend prices it (hops x latency + n / bandwidth in 2^30 B/s), is the pingpong line;
+    SimAI: busbw per group in its GB/s of 2^30 B, null where the calibration has no model; unsuppliable fields
     named; a missing --topology refused."""
     run = imported(capsys, tmp_path, "imb", [IMB / "imb-mpi1-2ranks.txt"], "--link", "intra")
     fitted(capsys, tmp_path, run)
@@ -242,19 +262,132 @@ def test_export_round_trips(capsys, tmp_path):
     code, _, err = run_main(capsys, ["export", str(cal_path), "--format", "astra-sim", "--out",
                                      str(tmp_path / "n.yml")])
     assert code == 2 and "--topology" in err
-    code, _, err = run_main(capsys, ["export", str(cal_path), "--format", "astra-sim", "--topology", "Switch",
-                                     "--out", str(tmp_path / "n.yml")])
-    assert code == 0, err
-    net = yaml_lists((tmp_path / "n.yml").read_text())
-    assert net["topology"] == ["Switch"] and net["npus_count"] == ["2"]
-    assert float(net["bandwidth"][0]) * 1e9 == pytest.approx(p2p["bandwidth_bytes_per_s"], rel=1e-6)
-    assert float(net["latency"][0]) * 1e-9 == pytest.approx(p2p["alpha_s"], rel=1e-3)
+    for topology in ("Switch", "Ring"):
+        code, _, err = run_main(capsys, ["export", str(cal_path), "--format", "astra-sim", "--topology", topology,
+                                         "--out", str(tmp_path / "n.yml")])
+        assert code == 0, err
+        net = yaml_lists((tmp_path / "n.yml").read_text())
+        assert net["topology"] == [topology] and net["npus_count"] == ["2"]
+        rate, hop = float(net["bandwidth"][0]) * GIB, float(net["latency"][0]) * 1e-9
+        for n in (1024, 4 << 20):
+            assert ASTRA_HOPS[topology] * hop + n / rate == pytest.approx(p2p["alpha_s"] + n * p2p["beta_s_per_byte"],
+                                                                          rel=1e-3)
 
     code, stdout, err = run_main(capsys, ["export", str(cal_path), "--format", "simai", "--out",
                                           str(tmp_path / "b.yaml")])
     assert code == 0, err
-    text = (tmp_path / "b.yaml").read_text().splitlines()
-    tp = dict(line.split(",: ") for line in text[text.index("TP:") + 1:text.index("DP:")])
-    assert float(tp["allreduce"]) * 1e9 == pytest.approx(busbw(cal, "allreduce", "intra"), rel=1e-5)
-    assert text[text.index("PP:") + 1] == "busbw: null" and "PP.busbw" in stdout
-    assert pd.Series(list(tp.values())).ne("null").all()
+    groups = simai_groups((tmp_path / "b.yaml").read_text())
+    assert float(groups["TP"]["allreduce"]) * GIB == pytest.approx(busbw(cal, "allreduce", "intra"), rel=1e-5)
+    assert groups["PP"]["busbw"] == "null" and "PP.busbw" in stdout and "DP.allreduce" in stdout
+    assert "null" not in groups["TP"].values()
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory) -> Path:
+    """A calibration of the OSU fixtures' two machines' worth: intra (2 ranks on one node: latency and collectives),
+    inter (one rank on each of 2 nodes: latency only) and spread (2 x 2 ranks: collectives only)."""
+    tmp = tmp_path_factory.mktemp("two")
+    runs = []
+    for name, logs, flags in (
+            ("intra", sorted(OSU.glob("osu_*.txt")), ["--link", "intra", "--procs", "2"]),
+            ("inter", [OSU2 / "osu_latency-2nodes.txt"], ["--hosts", "n1:1,n2:1"]),
+            ("spread", sorted(OSU2.glob("osu_*-4ranks.txt")), ["--hosts", "n1:2,n2:2"])):
+        for log in logs:
+            if log.name == "osu_bw.txt":
+                continue
+            out = tmp / f"{name}-{log.stem}"
+            assert main_quiet(["import", str(log), "--out", str(out), *flags]) == 0
+            runs.append(str(out))
+    cal = tmp / "two.json"
+    assert main_quiet(["fit", *runs, "--out", str(cal), "--quiet"]) == 0
+    return cal
+
+
+def main_quiet(argv: list[str]) -> int:
+    from reports.cli import main
+    return main(argv)
+
+
+def test_export_spans_the_machine_and_prices_the_outer_level_by_the_other_outer_class(capsys, tmp_path, two_nodes):
+    """Levels span the calibration's machine (intra 2 ranks per node, the outer level 2 nodes x 2 ranks), not the
+    process counts measured, so ASTRA-sim's npus_count is 2 x 2 and Calculon's tiers hold 2 and 4; an outer level
+    whose own class has no collective model (inter: latency only) is priced by the other's (spread) and says so, in
+    Calculon's tiers and SimAI's DP and EP lines alike; --tier-sizes sets the machine; sizes that do not nest are
+    one line and exit 2."""
+    cal = load_calibration(two_nodes)
+    code, stdout, err = run_main(capsys, ["export", str(two_nodes), "--format", "calculon", "--out",
+                                          str(tmp_path / "s.json")])
+    assert code == 0, err
+    tiers = json.loads((tmp_path / "s.json").read_text())["networks"]
+    assert [t["size"] for t in tiers] == [2, 4]
+    assert set(tiers[1]["ops"]) == {"p2p", "all_reduce", "all_gather", "reduce_scatter"}
+    assert "networks[inter].ops.all_reduce: spread's allreduce model" in stdout
+    big, bigger = 2 << 20, 4 << 20
+    slope = (calculon_seconds(tiers[1], "all_reduce", bigger, 4) - calculon_seconds(tiers[1], "all_reduce", big, 4))
+    want = np.diff(cal.predict_seconds("allreduce", "spread", 4, np.array([big, bigger])))[0]
+    assert slope == pytest.approx(want, rel=1e-9)
+
+    code, _, err = run_main(capsys, ["export", str(two_nodes), "--format", "astra-sim", "--topology", "Ring,Switch",
+                                     "--out", str(tmp_path / "n.yml")])
+    assert code == 0, err
+    assert yaml_lists((tmp_path / "n.yml").read_text())["npus_count"] == ["2", "2"]
+    code, _, err = run_main(capsys, ["export", str(two_nodes), "--format", "astra-sim", "--topology", "Ring,Switch",
+                                     "--tier-sizes", "8,4480", "--out", str(tmp_path / "n.yml")])
+    assert code == 0, err
+    assert yaml_lists((tmp_path / "n.yml").read_text())["npus_count"] == ["8", "560"]
+
+    code, stdout, err = run_main(capsys, ["export", str(two_nodes), "--format", "simai", "--out",
+                                          str(tmp_path / "b.yaml")])
+    assert code == 0, err
+    groups = simai_groups((tmp_path / "b.yaml").read_text())
+    for group in ("DP", "EP"):
+        assert float(groups[group]["allreduce"]) * GIB == pytest.approx(busbw(cal, "allreduce", "spread"), rel=1e-5)
+    assert "DP.allreduce: spread's allreduce model" in stdout and "not exported" not in stdout
+
+    for sizes, says in (("8,12", "whole number"), ("4", "1 size(s) for 2 level(s)"), ("4,2", "more than the level inside"),
+                        ("1,4", "at least 2"), ("8,x", "whole device counts"), ("0,8", "1 to")):
+        code, out, err = run_main(capsys, ["export", str(two_nodes), "--format", "astra-sim", "--topology",
+                                           "Ring,Switch", "--tier-sizes", sizes, "--out", str(tmp_path / "bad.yml")])
+        assert code == 2 and err.count("\n") == 1 and says in err and not (tmp_path / "bad.yml").exists(), (sizes, err)
+
+
+def test_calculon_export_completed_by_a_template_loads_as_calculon_reads_it(capsys, tmp_path):
+    """A spec calibration exported with a template: every key Calculon's System, Network and Processor readers
+    require is there (calculon/system.py, network.py, processor.py: exact network keys, all four ops, matrix
+    {dtype: {tflops, gflops_efficiency: [[gflops, eff], ...] by falling gflops, the last 0}}); the template's
+    unmeasured fields are kept and named, its measured ones replaced; each dtype's curve prices a GEMM of its
+    thresholds' sizes as the calibration's rate and latency do."""
+    spec = tmp_path / "spec.json"
+    assert main_quiet(["calibration", "from-spec", "selene", "--out", str(spec)]) == 0
+    template = {"matrix": {"float16": {"tflops": 1.0, "gflops_efficiency": [[0, 0.5]]},
+                           "float8": {"tflops": 2.0, "gflops_efficiency": [[0, 0.5]]}},
+                "vector": {"float16": {"tflops": 1.0, "gflops_efficiency": [[0, 1.0]]}},
+                "mem1": {"GiB": 80, "GBps": 2000, "MB_efficiency": [[0, 1.0]]},
+                "mem2": {"GiB": 512, "GBps": 50, "MB_efficiency": [[0, 1.0]]},
+                "processing_mode": "no_overlap",
+                "networks": [{"must_be_filled": True, "processor_usage": 0.15, "bandwidth": 1.0},
+                             {"must_be_filled": False, "processor_usage": 0.0}]}
+    (tmp_path / "t.json").write_text(json.dumps(template))
+    code, stdout, err = run_main(capsys, ["export", str(spec), "--format", "calculon", "--template",
+                                          str(tmp_path / "t.json"), "--out", str(tmp_path / "s.json")])
+    assert code == 0, err
+    assert "not exported" not in stdout and "matrix.float8: the template's" in stdout
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert {k: doc[k] for k in ("vector", "mem1", "mem2", "processing_mode")} == \
+        {k: template[k] for k in ("vector", "mem1", "mem2", "processing_mode")}
+    for tier, theirs, size in zip(doc["networks"], template["networks"], (8, 4480)):
+        assert set(tier) == {"bandwidth", "efficiency", "size", "latency", "ops", "must_be_filled", "processor_usage"}
+        assert set(tier["ops"]) == {"p2p", "all_reduce", "all_gather", "reduce_scatter"}
+        assert tier["size"] == size and tier["processor_usage"] == theirs["processor_usage"]
+        assert tier["bandwidth"] != 1.0
+    cal = load_calibration(spec)
+    assert set(doc["matrix"]) == {"float8", "float16", "bfloat16", "float32"} and doc["matrix"]["float8"]["tflops"] == 2
+    for dtype in ("float16", "bfloat16", "float32"):
+        entry, gemm = doc["matrix"][dtype], cal.result.gemm[dtype]
+        assert entry["tflops"] * 1e12 == pytest.approx(gemm.peak_flops_per_s)
+        thresholds = [g for g, _ in entry["gflops_efficiency"]]
+        assert thresholds == sorted(thresholds, reverse=True) and thresholds[-1] == 0 and len(thresholds) > 3
+        for gflops, efficiency in entry["gflops_efficiency"][:-1]:
+            seconds = gemm.latency_s + gflops * 1e9 / gemm.flops_per_s
+            assert 0 < efficiency <= 1 and efficiency == pytest.approx(gflops * 1e9 / seconds / gemm.peak_flops_per_s,
+                                                                       abs=1e-6)
