@@ -218,7 +218,9 @@ def memory_of(t: Tables, choice: np.ndarray) -> float:
 
 
 def optimum(t: Tables, cap: float | None = None) -> tuple[np.ndarray | None, float]:
-    """(assignment, lambda): the fastest assignment whose memory fits `cap`; (None, lam) if none fits."""
+    """(assignment, lambda): the fastest assignment whose memory fits `cap`, exact where the cap does not bind
+    (lambda 0); where it binds, the fastest at the smallest lambda whose Lagrangian optimum fits, which cap_bound
+    bounds; (None, lam) if none fits."""
     choice, _ = dp(t)
     if cap is None or memory_of(t, choice) <= cap:
         return choice, 0.0
@@ -234,6 +236,12 @@ def optimum(t: Tables, cap: float | None = None) -> tuple[np.ndarray | None, flo
         else:
             hi = mid
     return dp(t, hi)[0], hi
+
+
+def cap_bound(t: Tables, lam: float, cap: float) -> float:
+    """Seconds no assignment within `cap` bytes per device beats (Lagrangian duality: for lam >= 0 the cheapest
+    time + lam * memory, less lam * cap): how far a capped optimum() may be from the best, where the cap binds."""
+    return dp(t, lam)[1] - lam * cap
 
 
 def coordinate_descent(t: Tables, restarts: int = 8, seed: int = 0, lam: float = 0.0,

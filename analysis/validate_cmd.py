@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", action="append", default=[], metavar="CONFIG",
                    help="with --training, a configuration to run (repeatable), as predict --config takes it, e.g. "
                         "t=2,p=2,d=1,mb=1,schedule=1f1b (default: every t x p x d of the ranks with 1F1B and "
-                        "micro-batches of 1 and 2, interleaved v=2 where p > 1, ZeRO 1 where d > 1)")
+                        "micro-batches of 1 and 2, interleaved v=2 where p > 1, ZeRO 1 and DP overlap where d > 1)")
     p.add_argument("--mesh", default=None, help="device mesh, e.g. 2x2; its size must be the world's "
                    "(default: nodes x ranks per node of the job)")
     p.add_argument("--out", required=True, help="output directory")

@@ -37,6 +37,7 @@ from calib.points import load_runs
 from microbench.records import load_summary
 from microbench.regimes import HiddenChange, hidden_changes
 from microbench.sizes import format_size, parse_sizes
+from benchmarks import benchmark_parser
 
 OPS = "pingpong,allreduce,allgather,reduce_scatter,alltoall,bcast"
 TARGET_POINTS = 2.0
@@ -161,7 +162,7 @@ def flagged(err: pd.DataFrame, changes: list[HiddenChange]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.between", description=__doc__.splitlines()[0])
+    ap = benchmark_parser("benchmarks.between", __doc__)
     ap.add_argument("--out", required=True, help="directory for the runs (measured afresh) and the calibration")
     ap.add_argument("--launch", default=None,
                     help="launcher prefix for the 2-rank sweeps (default: local mpirun -n 2 --oversubscribe "

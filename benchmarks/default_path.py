@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.validate import _print, guarded, score_runs
+from benchmarks import benchmark_parser
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "slurm" / "cluster.sh"
@@ -94,7 +95,7 @@ def one_rate(rate: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[
 
 
 def _bench(argv) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser("benchmarks.default_path", __doc__)
     p.add_argument("--out", required=True)
     p.add_argument("--rates", default="800mbit,400mbit", help="token-bucket rates of the nodes' links, comma-separated")
     p.add_argument("--nodes", type=int, default=2)

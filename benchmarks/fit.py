@@ -7,7 +7,6 @@ synthetic run of --samples samples written first), then its held-out error figur
 
 from __future__ import annotations
 
-import argparse
 import resource
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 from calib.synthetic import DEFAULT_SIZES, TrueModel, write_synthetic_run
+from benchmarks import benchmark_parser
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "bcast", "reduce", "pingpong", "sendrecv")
 LINKS = {"intra": [2, 4, 8], "inter": [2, 4, 8]}
@@ -31,7 +31,7 @@ def synthetic_run(out: Path, samples: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.fit", description=__doc__.splitlines()[0])
+    ap = benchmark_parser("benchmarks.fit", __doc__)
     ap.add_argument("runs", nargs="*", help="run directories to fit (default: a synthetic run)")
     ap.add_argument("--samples", type=int, default=10_000_000, help="samples in the synthetic run")
     ap.add_argument("--method", choices=("huber", "wls"), default="huber")

@@ -12,7 +12,6 @@ It also compares 4 MiB ping-pong with and without huge pages for numpy buffers."
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from microbench.driver import PythonTimer, make_timer, measure_collective
 from microbench.ops import COMM_DTYPE, OPS, itemsize
 from microbench.stats import StopRule, estimate
 from microbench.buffers import Pool, Slots, address, set_page_policy
+from benchmarks import benchmark_parser
 
 REF_SOURCE = Path(__file__).with_name("ref_loop.c")
 
@@ -62,7 +62,7 @@ def reference_median(fn, comm: MPI.Comm, which: int, nbytes: int, iters: int, sl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = benchmark_parser("benchmarks.overhead", __doc__)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--sizes", default="8,65536,1048576")
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Benchmark: ParaDL's table on this machine. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
+"""Benchmark: ParaDL's table on the machine it runs on. Sweeps the collectives, sendrecv (the halo exchange) and the GEMM and
 copy rates (--quick, every group and rank at once: --concurrent, ParaDL's contention), sweeps them again right after
 a GEMM (--after-gemm, as benchmarks.validate does, for the collectives that follow a computation), fits a
 calibration, profiles the networks' local kernels (`commcal profile`: compute measured per kernel, as ParaDL's oracle
@@ -22,7 +22,6 @@ everything twice in turn and prints the accuracy one run's measurements reach as
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -38,6 +37,7 @@ from analysis.search import Tabulator
 from benchmarks.validate import _run, calibrate, guarded
 from calib.calibration import load_calibration
 from microbench.topology import nodes_of
+from benchmarks import benchmark_parser
 
 SWEEP = ["--quick", "--concurrent", "--ops", "allreduce,allgather,reduce_scatter,alltoall,sendrecv,pingpong,gemm,copy",
          "--gemm-sizes", "16K,64K,256K,1M"]
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
 
 
 def _bench(argv) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser("benchmarks.paradl", __doc__)
     p.add_argument("--launch", required=True, help="MPI launcher prefix for the meshes' ranks (4 by default)")
     p.add_argument("--mesh", action="append", default=[],
                    help="a mesh to validate on (repeatable; default 4 and 2x2): a 1-d one runs data, filter, channel, "
@@ -70,7 +70,7 @@ def _bench(argv) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="validate every network and mesh this many times, in turn (default 1); with 2 or more, also "
                         "print each run's measured times scored as the prediction of the next run's: the accuracy a "
-                        "repeat measurement reaches on this machine")
+                        "repeat measurement reaches on the machine measured")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")

@@ -19,7 +19,6 @@ Targets (issue 33): reference mode within 5% of OSU at every size for every shar
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shlex
@@ -38,6 +37,7 @@ from microbench import cloop
 from microbench.methods import METHODS
 from microbench.records import load_summary
 from microbench.sizes import format_size, parse_sizes
+from benchmarks import benchmark_parser
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -337,7 +337,7 @@ def mpi_version(mpicc: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = benchmark_parser("benchmarks.peers", __doc__)
     ap.add_argument("--reps", type=int, default=3, help="alternated runs of every tool (default 3)")
     ap.add_argument("--sizes", default="8,64,1K,8K,64K,512K,4M",
                     help="powers of two from 8 B to 4 MiB, the peers' convention (default 8,64,1K,8K,64K,512K,4M)")

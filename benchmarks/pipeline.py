@@ -16,13 +16,13 @@ On the local cluster (2 nodes x 2 ranks):
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 
 import pandas as pd
 
 from benchmarks.validate import _print, _run, add_common_arguments, guarded, parse_common, score_runs
+from benchmarks import benchmark_parser
 
 MODEL = "transformer:d=64,heads=4,layers=8,seq=32,batch=16"
 SWEEP = ["--ops", "allreduce,allgather,reduce_scatter,pingpong,gemm,copy", "--procs", "2,4", "--sizes", "1K:4M",
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
 
 
 def _bench(argv) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser("benchmarks.pipeline", __doc__)
     add_common_arguments(p, "4 ranks", "intra,inter,spread", 2)
     p.add_argument("--model", default=MODEL, help=f"the transformer (default {MODEL})")
     args, out, commcal, launch = parse_common(p, argv)

@@ -8,7 +8,6 @@ Run: python -m benchmarks.published [--dir DIR] [--spec SPEC] [--ablation]  (DIR
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -23,6 +22,7 @@ from analysis.training import Config, Step, Terms, TrainingPricer, Transformer
 from calib.calibration import calibration_from_dict
 from calib.spec import from_spec, read_spec
 from microbench.errors import UsageError
+from benchmarks import benchmark_parser
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB, SEQ = 51200, 2048
@@ -166,7 +166,7 @@ def ablation(folder: Path, spec: dict, name: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.published", description=__doc__.splitlines()[0])
+    ap = benchmark_parser("benchmarks.published", __doc__)
     ap.add_argument("--dir", default=str(REPO.parent / "shared" / "published"), help="the published CSVs")
     ap.add_argument("--spec", default="selene", help="hardware spec (a file, or a shipped name)")
     ap.add_argument("--ablation", action="store_true", help="also the errors with each modelling choice off")

@@ -28,6 +28,7 @@ from calib.calibration import load_calibration
 from calib.points import load_runs
 from microbench.errors import UsageError
 from microbench.ops import OPS
+from benchmarks import benchmark_parser
 
 METRICS = ("comm_mean_accuracy", "comm_kendall_tau", "comm_regret")
 
@@ -85,7 +86,7 @@ def rescore(run: Path, pricer: Pricer, anchor: Anchor | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.rescore", description=__doc__.splitlines()[0])
+    ap = benchmark_parser("benchmarks.rescore", __doc__)
     ap.add_argument("calibration", help="the calibration to price with")
     ap.add_argument("runs", nargs="+", type=Path, help="validate output directories (steps.csv, strategies.parquet)")
     ap.add_argument("--anchor", help="the sweep run the calibration was fitted from (anchor its points)")

@@ -8,7 +8,6 @@ Run: python -m benchmarks.tensor_parallel CAL --layer linear:m=..,k=..,n=.. --me
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from analysis.models import parse_model
 from analysis.options import fmt_s
 from analysis.pricing import Pricer
 from microbench.errors import UsageError
+from benchmarks import benchmark_parser
 
 
 def rows(cal, layer, mesh) -> list[dict]:
@@ -39,7 +39,7 @@ def rows(cal, layer, mesh) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tensor_parallel", description=__doc__.split("\n")[0])
+    p = benchmark_parser("benchmarks.tensor_parallel", __doc__)
     p.add_argument("calibration")
     p.add_argument("--layer", required=True, help="a linear layer, e.g. linear:m=1024,k=1024,n=1024")
     p.add_argument("--mesh", required=True, help="the grid: p, qxq, dxqxq or qxqxq")

@@ -11,7 +11,7 @@ Besides the plain sweep, a second sweep runs every collective right after a --af
 that follow a computation. --calibration CAL skips the sweeps and the fit. --repeat N validates N times
 (DIR/validate, DIR/validate-2, ...) and also scores each run's measured times as the prediction of another's: the
 figures no cost model can beat on a machine whose measurements repeat only that well. --mesh 2 runs a control
-with one rank per vCPU on one link class: 2 ranks on one node with --links intra, or one on each of two nodes
+with one rank per core on one link class: 2 ranks on one node with --links intra, or one on each of two nodes
 with --links inter."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pandas as pd
 
 from analysis import attribution, ranking
 from microbench import provenance
+from benchmarks import benchmark_parser
 
 LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
           "embedding:vocab=8192,dim=256,tokens=1024,density=0.05")
@@ -120,13 +121,13 @@ def parse_common(p: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, 
 
 
 def _bench(argv) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser("benchmarks.validate", __doc__)
     add_common_arguments(p, "4 ranks on 2 nodes for mesh 2x2", "intra,inter", 1)
     p.add_argument("--sweep-args", default="", help="more `commcal sweep` arguments, e.g. --concurrent")
     p.add_argument("--after-gemm", type=int, default=384, metavar="N",
                    help="also sweep with an N x N GEMM before each call, for the after-compute models (0: no)")
     p.add_argument("--mesh", default="2x2", help="validate's mesh (default 2x2; 2 for a control with one rank per "
-                                                  "vCPU: one node with --links intra, or two nodes with --links inter)")
+                                                  "core: one node with --links intra, or two nodes with --links inter)")
     p.add_argument("--layer", action="append", metavar="SPEC",
                    help="validate these layers instead of the default three (repeatable), e.g. shapes of your own")
     args, out, commcal, launch = parse_common(p, argv)

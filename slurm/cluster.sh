@@ -94,9 +94,10 @@ mpi_defaults() {
   # data, so exchanges both ways may take 1x-2x the wire time, the mode changing between launches;
   # the sweep measures every point in two launches to see that (docs/troubleshooting.md). Export
   # OMPI_MCA_btl_tcp_eager_limit yourself to choose another limit (an option, not the default).
-  # Vector memcpy, not REP MOVSB: on this host's AMD EPYC with glibc 2.36, a 4-128 KiB copy whose destination
-  # starts 16 B past its source modulo 4 KiB (as numpy's back-to-back arrays do) ran 4-13x slower
-  # (`python -m microbench.memcopy`), so intra-node collectives timed by where buffers happened to lie.
+  # Vector memcpy, not REP MOVSB: on some x86 hosts REP MOVSB copies several times slower when the destination
+  # starts a few bytes past its source modulo 4 KiB, as numpy's back-to-back arrays do (`python -m
+  # microbench.memcopy` shows it; docs/troubleshooting.md), so intra-node collectives would time by where
+  # buffers happened to lie.
   export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.cpu.x86_rep_movsb_threshold=4294967295}
   export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
 }

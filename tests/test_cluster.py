@@ -370,7 +370,7 @@ RANK_MARGIN = 0.15
 @pytest.mark.long
 @pytest.mark.xfail(reason="issue 29/31: on a quiet host two quick 2x2 validates rank alike (comm tau 0.90-0.99) while the "
                           "calibration reaches 0.62-0.84, its intra-node steps 3-34x their price where 4 ranks "
-                          "time-share 2 vCPUs", strict=False)
+                          "time-share the host's fewer cores", strict=False)
 def test_sbatch_validate_sh_quick_ranks_2x2_strategies_as_well_as_a_second_validate(validates):
     """slurm/validate.sh on a 2x2 mesh (inter x intra): the sweep's calibration ranks each validate's strategies by
     communication nearly as well as the other validate does."""
@@ -553,7 +553,7 @@ def test_validate_training_runs_pipeline_stages_across_the_nodes(cluster, resume
 @pytest.mark.long
 @pytest.mark.xfail(reason="issues 31/32: two runs rank the mixes alike (tau 0.95) while the calibration reached 0.78-0.79 "
                           "in one of two fresh-clone CI runs: tensor-parallel all-reduces measured 36-38x their price and "
-                          "compute 5x with 4 ranks time-sharing 2 vCPUs", strict=False)
+                          "compute 5x with 4 ranks time-sharing the host's fewer cores", strict=False)
 def test_pipeline_validation_ranks_training_mixes_as_well_as_a_second_run(cluster):
     """2 nodes x 2 ranks: benchmarks.pipeline sweeps, fits and runs `validate --training` twice: pipeline stages on
     ranks of both nodes exchanging activations and gradients in 1F1B and interleaved orders, tensor and data

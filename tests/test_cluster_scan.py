@@ -3,11 +3,10 @@ and no other node, flag exactly node3's pairs, and measure every pair within 5% 
 rates. Needs what tests/test_cluster.py needs (root, iproute2, Slurm); its own cluster, brought down at the end.
 
 Three nodes, not four: the scan runs disjoint pairs at once, and with four nodes two pairs' four ranks (each
-polling while it waits) share this host's two vCPUs, which no real cluster's nodes do. Measured on this host
-(2026-11-26, docs/results.md "The scan beside other pairs"): beside a second pair, healthy pairs read +0.3% to
--4.7% of the rate (18 readings, mean -2.0%; two test runs -2.6% to -5.4%, the CI failing at -5.4%); one pair at a
-time, +1.1% to +1.4% (12 readings: the tbf burst of 64 KiB per message). Concurrent rounds are exercised by
-tests/test_cluster_racks.py's scan of four nodes in two racks."""
+polling while it waits) would share the host's cores where it has as few as the CI machine, which no real cluster's
+nodes do; beside a second pair, healthy pairs then read up to a few percent under their rate (docs/results.md, "The
+scan beside other pairs"). Concurrent rounds are exercised by tests/test_cluster_racks.py's scan of four nodes in
+two racks."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ PAIR_WITH_SLOW_BPS = 2 / (1 / SLOW_BPS + 1 / EXPECTED_BPS)
 """A ping-pong's message crosses node3's link one way and its partner's the other: half the round trip moves the
 message at the harmonic mean of the two rates."""
 SCAN_ARGS = "--node-tolerance 0.9 --latency-tolerance 1.0"
-"""The local cluster's nodes share this host's two cores and its memory with each other and with other jobs: their
+"""The local cluster's nodes share the host's cores and its memory with each other and with other jobs: their
 copy and GEMM rates vary with its scheduling (one node's copy at a fifth of the others' was seen), and so do 8-byte
 latencies over veth (9 to 460 us between healthy nodes; once a healthy node's score at 1.5x the reference), which
 the scan would rightly call slow (its recheck measures a flagged figure once more and keeps the faster, which clears

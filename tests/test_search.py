@@ -13,7 +13,8 @@ import pytest
 from analysis.mesh import Mesh
 from analysis.models import parse_model
 from analysis.pricing import Fallback, Pricer
-from analysis.search import Tabulator, chain_cost, coordinate_descent, dp, evaluate_many, memory_of, optimum
+from analysis.search import (Tabulator, cap_bound, chain_cost, coordinate_descent, dp, evaluate_many, memory_of,
+                             optimum)
 from calib.calibration import calibration_from_dict, load_calibration
 from calib.synthetic import synthetic_calibration
 from microbench.errors import UsageError
@@ -60,6 +61,24 @@ def test_memory_cap_is_met(tables):
     assert lam > 0 and memory_of(tables, capped) <= cap
     assert chain_cost(tables, capped) >= chain_cost(tables, free)
     assert optimum(tables, 1.0)[0] is None
+
+
+def test_a_binding_memory_cap_is_bounded_by_the_best_assignment_within_it(tables):
+    """Where the cap binds, optimum() is not exact: the brute-force fastest assignment within the cap lies between
+    cap_bound and optimum()'s answer, so the gap the search prints is an upper bound of its real distance."""
+    sizes = [len(o.strategies) for o in tables.options]
+    every = np.array(list(itertools.product(*[range(n) for n in sizes])))
+    costs = evaluate_many(tables, every)
+    memory = np.array([memory_of(tables, c) for c in every])
+    free, _ = optimum(tables)
+    caps = [share * memory_of(tables, free) for share in (0.95, 0.8, 0.6)]
+    caps = [cap for cap in caps if (memory <= cap).any()]
+    assert caps
+    for cap in caps:
+        capped, lam = optimum(tables, cap)
+        best = costs[memory <= cap].min()
+        assert lam > 0
+        assert cap_bound(tables, lam, cap) <= best * (1 + 1e-12) <= chain_cost(tables, capped) * (1 + 1e-12)
 
 
 def test_search_cli_json_and_errors(tmp_path):
