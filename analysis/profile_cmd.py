@@ -23,6 +23,8 @@ from microbench.buffers import ALLOCATORS, PAGE_POLICIES
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, add_backend_argument
 
+MAX_SAMPLES = 100_000
+"""Timed calls per kernel at most: beyond, a profile of a few kernels would run for hours."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,8 +68,10 @@ def work(args) -> list[tuple[str, list[tuple[object, object, object]]]]:
     strategy; bad input is one UsageError line."""
     if not args.model and not args.layer:
         raise UsageError("give at least one --model SPEC or --layer SPEC")
-    if args.samples < 2:
-        raise UsageError(f"--samples must be at least 2, not {args.samples}")
+    if not 2 <= args.samples <= MAX_SAMPLES:
+        raise UsageError(f"--samples must be 2 to {MAX_SAMPLES}, not {args.samples}")
+    if not 0 <= args.seed < 2 ** 63:
+        raise UsageError(f"--seed must be 0 to 2^63 - 1, not {args.seed}")
     meshes = [parse_mesh(text) for text in args.mesh]
     names, pipe = _names(args.strategies)
     out: dict[tuple, tuple[str, list]] = {}

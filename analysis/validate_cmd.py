@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 from analysis.layers import Layer
 from analysis.models import Model, parse_model
@@ -24,6 +25,7 @@ from analysis.strategies import Selection, parse_selection
 from microbench.buffers import ALLOCATORS
 from microbench.errors import UsageError
 from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
+from microbench.jsonfile import directory_kind
 from microbench.stats import StopRule
 from microbench.threads import LEVELS, choose
 
@@ -110,15 +112,37 @@ class Config:
     selection: Selection
 
 
+def check_out(out: str) -> None:
+    """--out, before anything is measured: a directory of its own or an earlier validation's, never a file, a sweep
+    run or a scan (whose run.json validate's would replace)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    kind = directory_kind(path) if path.is_dir() else None
+    if kind not in (None, "a validation directory"):
+        raise UsageError(f"--out {out}: {kind}, which validate's files would replace; give a directory of its own")
+    missing = [p for p in (path, *path.parents) if not p.exists()]    # innermost first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    for made in missing:      # made only to learn it can be: a refusal later leaves nothing behind
+        made.rmdir()
+
+
 def config(args) -> Config:
     pick = lambda name: PRESETS.pick(args, name)  # noqa: E731
     target, budget, mins, most = pick("target_ci"), pick("budget"), pick("min_samples"), pick("max_strategies")
     rounds, refine = pick("rounds"), pick("refine_rounds")
-    if not (0 < target < 1) or budget <= 0 or mins < 2 or most < 1 or rounds < 1 or args.top_k < 1 \
-            or args.bootstrap < 0 or refine < 0 or not args.refine_margin >= 0:
-        raise UsageError("need 0 < --target-ci < 1, --budget > 0, --min-samples >= 2, --max-strategies >= 1, "
-                         "--rounds >= 1, --refine-rounds >= 0, --refine-margin >= 0, --top-k >= 1 and "
-                         "--bootstrap >= 0")
+    bad = [rule for ok, rule in ((0 < target < 1, "0 < --target-ci < 1"), (budget > 0, "--budget > 0"),
+                                 (mins >= 2, "--min-samples >= 2"), (most >= 1, "--max-strategies >= 1"),
+                                 (rounds >= 1, "--rounds >= 1"), (refine >= 0, "--refine-rounds >= 0"),
+                                 (args.refine_margin >= 0, "--refine-margin >= 0"), (args.top_k >= 1, "--top-k >= 1"),
+                                 (args.bootstrap >= 0, "--bootstrap >= 0"), (0 <= args.seed < 2 ** 63,
+                                                                             "0 <= --seed < 2^63")) if not ok]
+    if bad:
+        raise UsageError(f"validate needs {' and '.join(bad)}")
+    check_out(args.out)
     if args.training and (args.layer or args.model):
         raise UsageError("give --layer or --model specs or --training MODEL, not both")
     if args.config and not args.training:

@@ -11,39 +11,55 @@ from pathlib import Path
 from microbench.errors import UsageError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call write(tmp_path) on a temporary file beside `path`, fsync it, then rename it over `path`. A path that
-    cannot take a file (a directory, a place the system refuses, a full disk) is one UsageError line."""
-    path = Path(path)
+    """Call write(tmp_path) on a temporary file beside `path`, fsync it, then rename it over `path`, with the mode a
+    plain open() would give (the umask's). A symbolic link is written through (its target replaced, the link kept); a
+    device or pipe (/dev/null) is written to directly, never replaced by a file. A path that cannot take a file (a
+    directory, a place the system refuses, a full disk, a link loop) is one UsageError line."""
+    given = Path(path)
+    path = Path(os.path.realpath(given))
     if path.is_dir():
-        raise UsageError(f"{path} is a directory: give a file name to write")
+        raise UsageError(f"{given} is a directory: give a file name to write")
+    if path.is_symlink():
+        raise UsageError(f"{given}: cannot write (a loop of symbolic links)")
     try:
+        special = path.exists() and not path.is_file()
+        if special:
+            write(str(path))
+            return given
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise UsageError(f"{given}: cannot write ({exc.strerror or exc})") from None
     os.close(fd)
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+            raise UsageError(f"{given}: cannot write ({exc.strerror or exc})") from None
         raise
-    return path
+    return given
 
 
 def not_an_input(out: str | os.PathLike, inputs) -> None:
     """UsageError where writing `out` would replace what a command reads: one of `inputs` (files), a file already
     inside one (run directories), or a new file in one's subdirectories (a run's points/, which every reader of the
     run reads)."""
-    target = Path(out).resolve()
+    target = Path(os.path.realpath(out))
     for given in inputs:
-        source = Path(given).resolve()
+        source = Path(os.path.realpath(given))
         inside = source.is_dir() and source in target.parents
         if target == source or (inside and (target.exists() or target.parent != source)):
             raise UsageError(f"--out {out} would overwrite the input {given}, or write into it; choose another path")

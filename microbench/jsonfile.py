@@ -37,8 +37,9 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-DIRECTORY_KINDS = {"run.json": "a sweep run directory", "scan.json": "a scan directory"}
-"""What a directory of ours is, by the provenance file it holds."""
+DIRECTORY_KINDS = {"strategies.parquet": "a validation directory", "run.json": "a sweep run directory",
+                   "scan.json": "a scan directory"}
+"""What a directory of ours is, by the first of these files it holds (a validation keeps a run.json of its own)."""
 
 
 def directory_kind(path) -> str | None:

@@ -166,6 +166,8 @@ def read_meta(path: Path, schema: str, version: int, what: str) -> dict:
     if not isinstance(meta, dict):
         raise UsageError(f"{path}: {path.name} must hold a JSON object, not {type(meta).__name__}")
     if meta.get("schema") != schema or meta.get("version") != version:
+        if directory_kind(path.parent) == "a validation directory":
+            raise UsageError(f"{path.parent}: not {what}: a validation directory")
         raise UsageError(f"{path}: schema {meta.get('schema')!r} version {meta.get('version')!r} is not "
                          f"{schema!r} version {version}")
     return meta

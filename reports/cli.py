@@ -55,7 +55,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exit 2, once per job."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message if self.prog == "commcal" else f"{self.prog}: {message}")   # _fail adds "commcal: "
+        sub = self.prog.removeprefix("commcal").strip()
+        raise UsageError(f"{sub}: {message}" if sub else message)   # _fail adds "commcal: "
 
 
 def _fail(message: str) -> int:

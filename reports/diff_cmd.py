@@ -12,7 +12,8 @@ from microbench.errors import UsageError
 from microbench.scanfile import read_scan
 from reports import diff, scan_diff
 from reports.document import Document, Note, Section, Text
-from reports.output import publish_text
+from microbench.atomic import atomic_write_text
+from reports.output import output_dir
 from reports.plotting import save_figure
 from reports.render import to_html, to_markdown
 
@@ -57,12 +58,12 @@ def run_scans(args: argparse.Namespace) -> int:
     print(_text_table(table))
     lines = scan_diff.summary(d)
     print("\n" + "\n".join(lines))
-    if args.out:
-        out = Path(args.out)
+    if args.out is not None:
+        out = output_dir(args.out, [args.cal_a, args.cal_b])
         doc = Document("commcal scan diff", f"{a.path} → {b.path}", (Section("diff", "What changed", (
             Note("; ".join(lines), "warning" if d.worse else "note"), table)),))
-        publish_text(out / "diff.html", to_html(doc, out))
-        publish_text(out / "diff.md", to_markdown(doc))
+        atomic_write_text(out / "diff.html", to_html(doc, out))
+        atomic_write_text(out / "diff.md", to_markdown(doc))
         print(f"wrote {out / 'diff.html'} and {out / 'diff.md'}")
     return 1 if args.check and d.worse else 0
 
@@ -81,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
     print(_text_table(diff.table(items)))
     changed = sum(c.significant for c in items)
     print(f"\n{changed} of {len(items)} parameters changed beyond their 95% CIs")
-    if args.out:
-        out = Path(args.out)
+    if args.out is not None:
+        out = output_dir(args.out, [args.cal_a, args.cal_b])
         doc = document(cal_a, cal_b, items, out)
-        publish_text(out / "diff.html", to_html(doc, out))
-        publish_text(out / "diff.md", to_markdown(doc))
+        atomic_write_text(out / "diff.html", to_html(doc, out))
+        atomic_write_text(out / "diff.md", to_markdown(doc))
         print(f"wrote {out / 'diff.html'} and {out / 'diff.md'}")
     return 1 if args.check and changed else 0

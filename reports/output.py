@@ -1,31 +1,20 @@
-"""Report files: written atomically, then given the permissions the umask allows (a report is meant to be shared,
-and the temporary file atomic_write renames is private)."""
+"""Where a report or diff goes: a directory of its own, checked before anything is drawn."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from pathlib import Path
 
-from microbench.atomic import atomic_write
+from microbench.atomic import not_an_input
+from microbench.errors import UsageError
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def publish(path: Path, write: Callable[[str], None]) -> Path:
-    def write_shared(tmp: str) -> None:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-
-    return atomic_write(path, write_shared)
-
-
-def publish_text(path: Path, text: str) -> Path:
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(text, encoding="utf-8")
-
-    return publish(path, write)
+def output_dir(out: str, inputs: list[str]) -> Path:
+    """--out as a directory to write into: not empty, not a file, and neither an input nor inside one (a run's
+    points/, which every reader of the run reads); a new directory just inside an input (RUN/report) is fine."""
+    if not out:
+        raise UsageError("--out is empty: give a directory to write into")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    not_an_input(out, inputs)
+    return path

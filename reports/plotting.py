@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogFormatter, LogLocator  # noqa: E402
 
-from reports.output import publish  # noqa: E402
+from microbench.atomic import atomic_write  # noqa: E402
 from microbench.sizes import format_size  # noqa: E402
 from reports.document import FigureRef  # noqa: E402
 
@@ -54,9 +54,9 @@ def save_figure(fig: Figure, root: Path, name: str, title: str, caption: str, sv
     fig.draw_without_rendering()   # lay out once (the costly part), then draw each format with that layout
     fig.set_layout_engine(None)
     rel_png = Path("figures") / f"{name}.png"
-    publish(root / rel_png, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    atomic_write(root / rel_png, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     rel_svg = None
     if svg:
         rel_svg = Path("figures") / f"{name}.svg"
-        publish(root / rel_svg, lambda tmp: fig.savefig(tmp, format="svg"))
+        atomic_write(root / rel_svg, lambda tmp: fig.savefig(tmp, format="svg"))
     return FigureRef(title, caption, rel_png, rel_svg)

@@ -10,7 +10,8 @@ from calib.calibration import load_calibration
 from microbench.scanfile import read_scan
 from reports import calibration_view, measurements, provenance, scan_view, validation_view
 from reports.document import Document, Section
-from reports.output import publish_text
+from microbench.atomic import atomic_write_text
+from reports.output import output_dir
 from reports.render import to_html, to_markdown
 from reports.runs import load_runs
 
@@ -63,8 +64,8 @@ def build(runs_dirs: list[str], cal_path: str | None, validation_dir: str | None
 
 def write(doc: Document, out: Path) -> tuple[Path, Path]:
     """report.html (figures embedded) and report.md (figures beside it), each written atomically."""
-    html = publish_text(out / "report.html", to_html(doc, out))
-    md = publish_text(out / "report.md", to_markdown(doc))
+    html = atomic_write_text(out / "report.html", to_html(doc, out))
+    md = atomic_write_text(out / "report.md", to_markdown(doc))
     return html, md
 
 
@@ -76,9 +77,10 @@ def _one(given: list[str], option: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
+    out = output_dir(args.out, [*args.run, *args.calibration, *args.validation, *args.scan])
+    runs = [Path(r).resolve() for r in args.run]
+    if len(set(runs)) < len(runs):
+        raise UsageError("--run: the same run directory given twice")
     doc = build(args.run, _one(args.calibration, "--calibration CAL"), _one(args.validation, "--validation DIR"), out,
                 args.title, _one(args.scan, "--scan DIR"))
     html, md = write(doc, out)

@@ -6,6 +6,7 @@ one line with exit 2, and benchmarks.validate runs its control mesh."""
 import json
 from pathlib import Path
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pandas as pd
 import pytest
 
 from calib.synthetic import synthetic_calibration
-from conftest import REPO, mpi_env, mpiexec_argv, run_mpi
+from conftest import REPO, mpi_env, mpiexec_argv, run_main, run_mpi
 from analysis import attribution
 from analysis.harness import TOLERANCE
 from analysis.mesh import parse_mesh
@@ -151,6 +152,8 @@ def test_directory_is_what_the_report_reads(tmp_path):
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--refine-rounds", "-1"], "--refine-rounds >= 0"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--backend", "nccl"], "needs a calibration of the same backend"),
     (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--allocator", "pool"], "--allocator: invalid choice"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--seed", "-1"], "0 <= --seed < 2^63"),
+    (2, ["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", "--top-k", "0"], "validate needs --top-k >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     inter = "--inter-only" in args
@@ -161,6 +164,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("commcal: error")]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("where,says", [("run", "a sweep run directory, which validate's files would replace"),
+                                        ("file", "exists and is not a directory"),
+                                        ("/proc/commcal-x", "cannot write")])
+def test_an_out_validate_cannot_use_is_refused_before_anything_runs(tmp_path, capsys, where, says):
+    """--out naming a sweep run (whose run.json validate's would replace), a file, or a place nothing can be written:
+    one line and exit 2 before MPI starts, the run untouched."""
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests" / "data" / "runs" / "racks-pingpong-tbf", run)
+    (tmp_path / "file").write_text("x")
+    before = (run / "run.json").read_text()
+    out = where if where.startswith("/") else str(tmp_path / where)
+    code, _, err = run_main(capsys, ["validate", calibration(tmp_path / "cal.json"), "--mesh", "2", "--layer",
+                                     "linear:m=8,k=8,n=8", "--out", out, *FAST])
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert (run / "run.json").read_text() == before and not Path("/proc/commcal-x").exists()
 
 
 def test_a_missing_link_class_is_one_warning_and_recorded_in_the_summary(tmp_path):
