@@ -10,11 +10,13 @@ A cnn's residual additions (ResNet) are elementwise and left out the same way. P
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from analysis.conv import Activation2d, BatchNorm2d, Conv2d, Flatten, Pool2d
 from analysis.layers import Attention, Elementwise, Embedding, Layer, Linear
 from microbench.errors import UsageError
+from microbench.limits import MAX_BYTES
 from microbench.ops import itemsize as dtype_itemsize
 
 PRESETS = {
@@ -46,6 +48,11 @@ KINDS = {
     "cnn": {"batch": 8, "image": 32, "channels": 4, "kernel": 3, "convs": "16-16-p", "dense": "16", "bn": 0},
 }
 TEXT_PARAMS = ("dims", "convs", "dense")
+ZERO_MEANS_DEFAULT = {"mlp": ("d_out",), "transformer": ("head_dim", "ffn", "vocab"), "cnn": ("bn",)}
+"""The sizes of each kind that may be 0: none, or derived from the others (d_out = d_in, ffn = 4 d, no embedding)."""
+MAX_DIM = 2 ** 40
+"""The largest size a spec may give: far beyond any model, and small enough that products of sizes priced as floats
+stay within what a double holds."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,8 @@ def _sizes(kind: str, key: str, text: str, allow: tuple[str, ...] = ()) -> list:
         out = [t if t in allow else int(t) for t in text.split("-")]
     except ValueError:
         raise UsageError(f"{kind}: {key}={text!r} must be sizes joined by '-'") from None
-    if not out or any(isinstance(t, int) and t < 1 for t in out):
-        raise UsageError(f"{kind}: {key}={text!r} needs positive sizes")
+    if not out or any(isinstance(t, int) and not 1 <= t <= MAX_DIM for t in out):
+        raise UsageError(f"{kind}: {key}={text!r} needs sizes 1 to {MAX_DIM}")
     return out
 
 
@@ -128,22 +135,43 @@ def _params(kind: str, given: dict[str, str]) -> dict:
             raise UsageError(f"{kind}: {key}={text!r} is not a number") from None
         if key == "density" and not 0 < out[key] <= 1:
             raise UsageError(f"{kind}: density must be in (0, 1] (got {out[key]})")
-        if key in ("bn", "d_out", "head_dim", "ffn", "vocab") and out[key] < 0:   # 0: the default (none, or derived)
-            raise UsageError(f"{kind}: {key} must be at least 0 (got {out[key]})")
-        if key not in (*TEXT_PARAMS, "density", "bn", "d_out", "head_dim", "ffn", "vocab") and out[key] < 1:
-            raise UsageError(f"{kind}: {key} must be at least 1 (got {out[key]})")
+        if key in (*TEXT_PARAMS, "density"):
+            continue
+        least = 0 if key in ZERO_MEANS_DEFAULT.get(kind, ()) else 1
+        if not least <= out[key] <= MAX_DIM:
+            raise UsageError(f"{kind}: {key} must be {least} to {MAX_DIM} (got {out[key]})")
     return out
 
 
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """(kind, parameters) of "NAME[:key=value,...]", a preset's parameters overridden by those given."""
+def _items(spec: str) -> tuple[str, list[tuple[str, str]]]:
+    """The name and (key, value) items of "NAME[:key=value,...]", in order; an empty item is refused."""
     name, _, rest = spec.strip().partition(":")
-    given = {}
-    for item in filter(None, (t.strip() for t in rest.split(","))):
+    items = []
+    for item in (t.strip() for t in rest.split(",")) if rest.strip() else ():
+        if not item:
+            raise UsageError(f"model spec {spec!r} has an empty item between commas")
         key, eq, val = item.partition("=")
         if not eq:
             raise UsageError(f"model spec {spec!r}: {item!r} is not key=value")
-        given[key.strip()] = val.strip()
+        items.append((key.strip(), val.strip()))
+    return name, items
+
+
+def check_spec(spec: str) -> str:
+    """The spec as a user gave it, refused where it gives a key twice (parse_spec lets the later one override, which
+    is how a chain's micro-batch is set on its spec, but from a user it is a typo that one value would hide)."""
+    keys = [key for key, _ in _items(spec)[1]]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise UsageError(f"model spec {spec!r} gives {', '.join(twice)} more than once")
+    return spec
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """(kind, parameters) of "NAME[:key=value,...]", a preset's parameters overridden by those given (a later key by
+    a later one)."""
+    name, items = _items(spec)
+    given = dict(items)
     if name in PRESETS:
         kind, base = PRESETS[name]
         given = {**{k: str(v) for k, v in base.items()}, **given}
@@ -182,4 +210,15 @@ def parse_model(spec: str, dtype: str = "float32") -> Model:
         if p["layers"] > MAX_BLOCKS:
             raise UsageError(f"transformer: layers={p['layers']}; commcal prices up to {MAX_BLOCKS} blocks")
         layers = _transformer(p, isz)
+    _check_operands(spec, layers)
     return Model(spec, tuple(layers))
+
+
+def _check_operands(spec: str, layers: list[Layer]) -> None:
+    """Refuses a layer whose input, weight or gradient is over MAX_BYTES: beyond any machine, and where sizes priced
+    as floats would no longer be whole bytes."""
+    for layer in layers:
+        for what, shape in layer.data_shapes().items():
+            if math.prod(shape) * layer.itemsize > MAX_BYTES:
+                raise UsageError(f"model spec {spec!r}: layer {layer.name}'s {what} of shape {shape} is over "
+                                 f"{MAX_BYTES} bytes")

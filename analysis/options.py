@@ -5,11 +5,68 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
 from analysis.pricing import Fallback
 from microbench.errors import UsageError
+from microbench.limits import MAX_BYTES
 from microbench.ops import OPS
 from microbench.provenance import STEAL_WARN
+from microbench.sizes import parse_size
+
+
+@dataclass(frozen=True)
+class Form:
+    """One form of a command (e.g. predict's collective): the flags it needs, the others it reads that some other form
+    does not, and defaults for those of them argparse leaves None (so that giving one is seen). Flags are dests."""
+
+    what: str
+    needs: tuple[str, ...]
+    reads: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, object], ...] = ()
+
+    def label(self) -> str:
+        return f"{self.what} ({_flags(self.needs)})"
+
+
+def form_of(args: argparse.Namespace, command: str, forms: tuple[Form, ...]) -> Form:
+    """The first form chosen by a flag it needs that no other form reads, its defaults filled in; one UsageError line
+    where no form is chosen, a flag it needs is missing, or a flag only other forms read is given (never ignored)."""
+    given = [d for d in dict.fromkeys(d for f in forms for d in f.needs + f.reads)
+             if getattr(args, d) is not None and getattr(args, d) is not False]     # 0 is given, False is not
+    form = next((f for f in forms if any(d in given and not any(d in g.needs + g.reads for g in forms if g is not f)
+                                         for d in f.needs)), None)
+    if form is None:
+        raise UsageError(f"{command} needs " + " or ".join(f"{_flags(f.needs)} ({f.what})" for f in forms))
+    foreign = [d for d in given if d not in form.needs + form.reads]
+    if foreign:
+        owners = [f.label() for f in forms if set(foreign) & set(f.needs + f.reads)]
+        raise UsageError(f"{_flags(foreign)} {'is' if len(foreign) == 1 else 'are'} for {' or '.join(owners)}, "
+                         f"not {form.label()}")
+    missing = [d for d in form.needs if d not in given]
+    if missing:
+        raise UsageError(f"{command} needs {_flags(missing)} for {form.label()}")
+    for dest, value in form.defaults:
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return form
+
+
+def _flags(dests) -> str:
+    return ", ".join(f"--{d.replace('_', '-')}" for d in dests)
+
+
+def size_option(flag: str, text: str) -> int:
+    """parse_size's bytes, its one error line naming the option; a negative size is refused as not positive, as 0 is
+    (not as malformed)."""
+    text = text.strip()
+    try:
+        size = parse_size(text.removeprefix("-"))
+    except UsageError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if text.startswith("-"):
+        raise UsageError(f"{flag}: size {text!r} must be a positive whole number of bytes, at most {MAX_BYTES}")
+    return size
 
 
 def add_mesh_arguments(p, mesh_help: str, required: bool, training: bool = False) -> None:
@@ -36,10 +93,14 @@ def add_dtype_argument(p, training: bool = False) -> None:
 
 
 def add_nics_argument(p) -> None:
-    p.add_argument("--nics-per-node", type=int, default=1, help="network links per node shared by concurrent groups of a mesh axis (default 1)")
+    p.add_argument("--nics-per-node", type=int, default=None,
+                   help="network links per node shared by concurrent groups of a mesh axis (default 1)")
 
 
 def nics_per_node(args: argparse.Namespace) -> int:
+    """--nics-per-node, 1 where not given (None by default, so that a form that does not read it can refuse it)."""
+    if args.nics_per_node is None:
+        return 1
     if args.nics_per_node < 1:
         raise UsageError(f"--nics-per-node must be at least 1, not {args.nics_per_node}")
     return args.nics_per_node

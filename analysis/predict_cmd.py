@@ -12,9 +12,10 @@ from analysis.colossal import Rooted
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
-from analysis.options import (add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
-                              fmt_bytes, fmt_s, load_profile_argument, nics_per_node, profile_record,
-                              report_fallbacks)
+from analysis.models import check_spec
+from analysis.options import (Form, add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
+                              fmt_bytes, fmt_s, form_of, load_profile_argument, nics_per_node, profile_record,
+                              report_fallbacks, size_option)
 from analysis.pricing import Fallback, Pricer, after_compute, resolve
 from analysis.search import Tabulator
 from analysis.summary import chain_steps
@@ -22,9 +23,17 @@ from analysis.training_view import add_training_arguments, run_predict
 from calib.calibration import load_calibration
 from microbench.errors import UsageError
 from microbench.jsonfile import strict_json
+from microbench.limits import MAX_RANKS
 from microbench.links import is_link
-from microbench.ops import LOCAL_OPS
-from microbench.sizes import format_size, parse_size
+from microbench.ops import LOCAL_OPS, OPS
+from microbench.sizes import format_size
+
+TRAINING = Form("a training step", ("model", "config", "devices", "gpus_per_node"), ("dtype", "nics_per_node"))
+LAYER = Form("a layer strategy", ("layer", "strategy", "mesh"),
+             ("ranks_per_node", "devices", "dtype", "nics_per_node", "profile"))
+COLLECTIVE = Form("a collective", ("op", "link", "procs", "bytes"), ("after_compute",))
+FORMS = (COLLECTIVE, LAYER, TRAINING)
+"""predict's three forms, the first chosen where flags of several are given (and the others' then refused)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,20 +52,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    form = form_of(args, "predict", FORMS)
     cal = load_calibration(args.calibration)
-    if args.config:
+    if form is TRAINING:
         return run_predict(args, cal)
-    if args.layer:
+    if form is LAYER:
         return run_strategy(args, cal)
     if args.op in LOCAL_OPS:
         raise UsageError(f"--op {args.op}: predict prices communication; {args.op} is a local operation, whose "
                          f"rates are the calibration's compute.{args.op}")
-    missing = [f"--{name}" for name in ("op", "link", "procs", "bytes") if getattr(args, name) is None]
-    if missing:
-        raise UsageError(f"predict needs {', '.join(missing)} (or --layer, --strategy and --mesh)")
+    if args.op not in OPS:
+        raise UsageError(f"--op {args.op!r} is not an operation; predict prices "
+                         f"{', '.join(op for op in OPS if op not in LOCAL_OPS)}")
     if not is_link(args.link):
         raise UsageError(f"--link {args.link!r} is not a link class (intra, inter, inter2..inter9, spread)")
-    nbytes = parse_size(args.bytes)
+    least = 2 if OPS[args.op].kind == "p2p" else 1
+    if not least <= args.procs <= MAX_RANKS:
+        raise UsageError(f"--procs {args.procs}: {args.op} takes {least} to {MAX_RANKS} processes")
+    nbytes = size_option("--bytes", args.bytes)
     if args.after_compute and not cal.after_gemm:
         raise UsageError(f"{args.calibration} has no after-compute models (fit with --after-compute RUN_DIR)")
     link = resolve(cal, args.op, args.link) or args.link        # absent everywhere: predict names what it has
@@ -104,11 +117,9 @@ def _row(st, after: bool, pricer: Pricer) -> dict:
 
 
 def run_strategy(args: argparse.Namespace, calibration) -> int:
-    if not (args.strategy and args.mesh):
-        raise UsageError("predict --layer needs --strategy and --mesh")
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
     dtype = args.dtype or "float32"
-    model = parse_model(args.layer, dtype)
+    model = parse_model(check_spec(args.layer), dtype)
     if len(model.layers) != 1:
         raise UsageError(f"--layer {args.layer!r} is a model of {len(model.layers)} layers; give one layer")
     layer = model.layers[0]

@@ -14,21 +14,26 @@ import time
 
 from analysis.conv import Conv2d
 from analysis.mesh import parse_mesh
-from analysis.models import parse_model
+from analysis.models import check_spec, parse_model
 from analysis.paradl import PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE, network_table
-from analysis.options import (add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
-                              fmt_bytes, fmt_s, load_profile_argument, nics_per_node, profile_record, report_fallbacks)
+from analysis.options import (Form, add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
+                              fmt_bytes, fmt_s, form_of, load_profile_argument, nics_per_node, profile_record,
+                              report_fallbacks, size_option)
 from analysis.pricing import Pricer
 from analysis.search import Tabulator, cap_bound, chain_cost, coordinate_descent, memory_of, optimum
 from analysis.summary import summarize
 from analysis.training_view import add_training_arguments, run_search
 from microbench.errors import UsageError
 from microbench.jsonfile import strict_json
-from microbench.sizes import parse_size
 
 
 MAX_RESTARTS = 1000
 """The most coordinate-descent restarts a search runs (each one a full descent over every layer)."""
+MESH = Form("layer strategies", ("mesh",), ("ranks_per_node", "devices", "dtype", "nics_per_node", "profile",
+                                            "restarts", "cd_window"), (("restarts", 8), ("cd_window", 2)))
+TRAINING = Form("a training step", ("devices", "gpus_per_node"), ("dtype", "nics_per_node", "max_micro_batch"),
+                (("max_micro_batch", 8),))
+"""search's two forms: --devices with --mesh is the count the mesh must match, without it a training step's."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-cap", default=None, help="bytes per device, e.g. 80G (binary units)")
     p.add_argument("--top", type=int, default=3, help="runners-up shown per layer (best configurations shown, for "
                    "a training step)")
-    p.add_argument("--restarts", type=int, default=8, help="coordinate-descent random restarts")
-    p.add_argument("--cd-window", type=int, default=2, help="layers coordinate descent re-optimises at once "
-                   "(1: AutoDDL's one layer at a time)")
+    p.add_argument("--restarts", type=int, default=None, help="coordinate-descent random restarts (default 8)")
+    p.add_argument("--cd-window", type=int, default=None, help="layers coordinate descent re-optimises at once "
+                   "(default 2; 1: AutoDDL's one layer at a time)")
     add_json_argument(p)
     add_strict_argument(p)
     add_profile_argument(p)
@@ -58,16 +63,18 @@ def axis_links(pricer: Pricer) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from calib.calibration import load_calibration
 
-    if args.top < 0 or not 0 <= args.restarts <= MAX_RESTARTS or args.cd_window < 1:
-        raise UsageError(f"--top must be >= 0, --restarts 0 to {MAX_RESTARTS} and --cd-window >= 1")
-    if args.mesh is None:
-        if args.gpus_per_node is None:
-            raise UsageError("search needs --mesh (layer strategies) or --devices and --gpus-per-node (a training step)")
+    check_spec(args.model)
+    form = form_of(args, "search", (MESH, TRAINING))
+    if args.top < 0:
+        raise UsageError(f"--top must be >= 0, not {args.top}")
+    if form is TRAINING:
         return run_search(args, load_calibration(args.calibration))
+    if not 0 <= args.restarts <= MAX_RESTARTS or args.cd_window < 1:
+        raise UsageError(f"search takes --restarts 0 to {MAX_RESTARTS} and --cd-window >= 1")
     args.dtype = args.dtype or "float32"
     mesh = parse_mesh(args.mesh, args.ranks_per_node, args.devices)
     model = parse_model(args.model, args.dtype)
-    cap = parse_size(args.memory_cap) if args.memory_cap else None
+    cap = size_option("--memory-cap", args.memory_cap) if args.memory_cap else None
     pricer = Pricer(load_calibration(args.calibration), mesh, args.dtype, nics_per_node(args),
                     load_profile_argument(args))
     t0 = time.perf_counter()

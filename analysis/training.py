@@ -142,13 +142,16 @@ CONFIG_KEYS = {"t": int, "p": int, "d": int, "mb": int, "schedule": str, "v": in
 
 def parse_config(text: str) -> Config:
     """'t=8,p=8,d=1,mb=1,schedule=interleaved,v=3,zero=1,sp=1,recompute=selective,overlap=1' (t, p, d, mb
-    required; defaults 1f1b, zero 0, no sp, no recomputation, no overlap)."""
+    required; defaults 1f1b, zero 0, no sp, no recomputation, no overlap). A key given twice or an empty item is
+    refused: one value would hide the other."""
     given: dict = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
+    for item in (x.strip() for x in text.split(",")):
         key, eq, val = item.partition("=")
         key = key.strip()
         if not eq or key not in CONFIG_KEYS:
             raise UsageError(f"config {text!r}: {item!r} is not one of {', '.join(f'{k}=' for k in CONFIG_KEYS)}")
+        if key in given:
+            raise UsageError(f"config {text!r} gives {key} more than once")
         kind = CONFIG_KEYS[key]
         val = val.strip().lower()
         if kind is bool:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from analysis.options import fmt_bytes, fmt_s, nics_per_node, report_fallbacks
-from analysis.models import parse_spec
+from analysis.options import fmt_bytes, fmt_s, nics_per_node, report_fallbacks, size_option
+from analysis.models import check_spec, parse_spec
 from analysis.training import Step, StepPricer, TrainingPricer, Transformer, parse_config
 from analysis.training_chain import Chain, ChainTrainingPricer
 from microbench.errors import UsageError
 from microbench.jsonfile import strict_json
-from microbench.sizes import parse_size
+from microbench.limits import MAX_RANKS
 
 
 def add_training_arguments(p: argparse.ArgumentParser, predict: bool) -> None:
@@ -22,22 +22,26 @@ def add_training_arguments(p: argparse.ArgumentParser, predict: bool) -> None:
         g.add_argument("--model", default=None, help="model preset or spec: a transformer (e.g. gpt3-175b or "
                        "transformer:d=6144,heads=64,layers=48,seq=2048,batch=4,vocab=51200) or a chain of layers "
                        "(e.g. vgg13, vgg-small, mlp:batch=512)")
-        g.add_argument("--config", default=None, help="e.g. t=8,p=8,d=16,mb=1,schedule=interleaved,v=3,zero=1,sp=1,"
-                       "recompute=selective,overlap=1")
+        g.add_argument("--config", action="append", default=None, help="one configuration, e.g. t=8,p=8,d=16,mb=1,"
+                       "schedule=interleaved,v=3,zero=1,sp=1,recompute=selective,overlap=1")
     else:
-        g.add_argument("--max-micro-batch", type=int, default=8, help="largest micro-batch size searched")
+        g.add_argument("--max-micro-batch", type=int, default=None, help="largest micro-batch size searched "
+                       "(default 8)")
     g.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (with --devices: a training "
                    "step instead of a layer mesh)")
 
 
 def pricer_of(args: argparse.Namespace, calibration) -> StepPricer:
     """The training pricer the flags describe (a transformer's, else a chain's); the device memory is --memory-cap,
-    else the calibration's."""
-    if args.devices is None or args.gpus_per_node is None:
-        raise UsageError("a training step needs --devices and --gpus-per-node")
+    else the calibration's. Nodes are never wider than the job (--gpus-per-node at most --devices)."""
+    if not 1 <= args.devices <= MAX_RANKS:
+        raise UsageError(f"--devices {args.devices}: a training step takes 1 to {MAX_RANKS} devices")
+    if args.gpus_per_node > args.devices:
+        raise UsageError(f"--gpus-per-node {args.gpus_per_node} is more than --devices {args.devices}")
     dtype = args.dtype or max(calibration.result.gemm, key=lambda d: calibration.result.gemm[d].flops_per_s,
                               default="float32")
-    cap = parse_size(args.memory_cap) if getattr(args, "memory_cap", None) else calibration.memory_bytes()
+    cap = (size_option("--memory-cap", args.memory_cap) if getattr(args, "memory_cap", None)
+           else calibration.memory_bytes())
     transformer = parse_spec(args.model)[0] == "transformer"
     model = Transformer.parse(args.model) if transformer else Chain.parse(args.model, dtype)
     cls = TrainingPricer if transformer else ChainTrainingPricer
@@ -114,10 +118,12 @@ def run_search(args: argparse.Namespace, calibration) -> int:
 
 
 def run_predict(args: argparse.Namespace, calibration) -> int:
-    if not args.model:
-        raise UsageError("predict --config needs --model")
+    if len(args.config) > 1:
+        raise UsageError("give --config once: predict prices one configuration (search --devices --gpus-per-node "
+                         "searches them all)")
+    check_spec(args.model)
     tp = pricer_of(args, calibration)
-    step = tp.price(parse_config(args.config))
+    step = tp.price(parse_config(args.config[0]))
     fallbacks = report_fallbacks(tp.fallbacks(), args.calibration, args.strict)
     if not step.feasible and step.memory is None:
         raise UsageError(f"configuration {step.config} cannot run: {step.reason}")

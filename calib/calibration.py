@@ -105,17 +105,33 @@ def validate(data: object, where: str = "calibration") -> None:
         if not known_dtype(dtype):
             raise UsageError(f"{where}: key 'compute.gemm.{dtype}' names no element type commcal knows "
                              f"(float32, float64, float16, bfloat16, ...)")
+    for op, by_link in data["models"].items():
+        for link in by_link:
+            if link not in data["link_classes"]:
+                raise UsageError(f"{where}: key 'models.{op}.{link}' is a model on link class {link!r}, which "
+                                 f"'link_classes' lacks (has: {', '.join(data['link_classes']) or 'none'})")
     for key, models in model_sets(data):
         for op, by_link in models.items():
             for link, model in by_link.items():
-                if model["algorithm"] not in known_algorithms():
-                    raise UsageError(f"{where}: key '{key}.{op}.{link}.algorithm' is {model['algorithm']!r}, "
-                                     f"expected one of {list(known_algorithms())}")
-                speeds = model.get("speeds", {})
-                if len(speeds.get("sizes", ())) != len(speeds.get("ratios", ())) \
-                        or list(speeds.get("sizes", ())) != sorted(speeds.get("sizes", ())):
-                    raise UsageError(f"{where}: key '{key}.{op}.{link}.speeds': sizes must ascend and ratios give one "
-                                     "ratio per size")
+                _check_model(f"{where}: key '{key}.{op}.{link}", model)
+
+
+def _check_model(named: str, model: dict) -> None:
+    """UsageError unless one model's algorithm is known, its segments ascend (predictions pick a segment by the
+    sizes between them) and its speeds give one ratio per ascending size; `named` opens the line."""
+    if model["algorithm"] not in known_algorithms():
+        raise UsageError(f"{named}.algorithm' is {model['algorithm']!r}, expected one of {list(known_algorithms())}")
+    segments = model["segments"]
+    for i, seg in enumerate(segments):
+        earlier = segments[i - 1] if i else seg
+        if not earlier["min_bytes"] <= seg["min_bytes"] <= seg["max_bytes"] or seg["max_bytes"] < earlier["max_bytes"]:
+            raise UsageError(f"{named}.segments.{i}' spans {seg['min_bytes']:g}..{seg['max_bytes']:g} B: a segment's "
+                             "min_bytes must not exceed its max_bytes, and each segment must start and end at or above "
+                             "the one before (smallest first)")
+    speeds = model.get("speeds", {})
+    if len(speeds.get("sizes", ())) != len(speeds.get("ratios", ())) \
+            or list(speeds.get("sizes", ())) != sorted(speeds.get("sizes", ())):
+        raise UsageError(f"{named}.speeds': sizes must ascend and ratios give one ratio per size")
 
 
 def model_sets(data: dict) -> list[tuple[str, dict]]:
@@ -161,10 +177,11 @@ class _Piecewise:
     def of(cls, model: Model) -> "_Piecewise":
         segs = model.segments
         col = lambda key: np.array([getattr(s, key) for s in segs], dtype=float)  # noqa: E731
-        return cls(model.algorithm, segment_bounds(col("max_bytes"), col("min_bytes")), col("alpha_s"),
-                   col("beta_s_per_byte"), col("alpha_se_s") ** 2, col("beta_se_s_per_byte") ** 2,
-                   col("cov_alpha_beta_s2_per_byte"), col("rel_resid_sd"), float(segs[0].min_bytes),
-                   float(segs[-1].max_bytes), tuple(model.procs_measured), bool(model.identifiable))
+        with np.errstate(over="ignore"):     # a file's huge standard errors: infinite variances, infinite intervals
+            return cls(model.algorithm, segment_bounds(col("max_bytes"), col("min_bytes")), col("alpha_s"),
+                       col("beta_s_per_byte"), col("alpha_se_s") ** 2, col("beta_se_s_per_byte") ** 2,
+                       col("cov_alpha_beta_s2_per_byte"), col("rel_resid_sd"), float(segs[0].min_bytes),
+                       float(segs[-1].max_bytes), tuple(model.procs_measured), bool(model.identifiable))
 
     def terms(self, op: str, procs: int, nbytes: np.ndarray):
         """(seconds, segment index, a, b*n) for each size; p2p operations ignore procs."""

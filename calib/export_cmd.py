@@ -14,6 +14,8 @@ from microbench.jsonfile import read_json
 
 FORMATS = ("calculon", "astra-sim", "simai")
 MAX_DEVICES = 1 << 24
+SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "networks", "processing_mode")
+"""The keys of a Calculon system file: a --template holds at least one."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +48,19 @@ def tier_sizes(text: str) -> list[int]:
     return sizes
 
 
+def read_template(path: str) -> dict:
+    """--template: a JSON object with at least one of a Calculon system's keys, and not one of commcal's own files
+    (whose keys the export would copy into the system as if Calculon's)."""
+    template = read_json(path, "Calculon system file")
+    schema = template.get("schema") if isinstance(template, dict) else None
+    if isinstance(schema, str) and schema.startswith("commcal."):
+        raise UsageError(f"{path}: a {schema.replace('.', ' ', 1)} file (schema {schema!r}), not a Calculon system "
+                         f"file")
+    if not isinstance(template, dict) or not set(template) & set(SYSTEM_KEYS):
+        raise UsageError(f"{path}: not a Calculon system file (a JSON object holding some of {', '.join(SYSTEM_KEYS)})")
+    return template
+
+
 def run(args: argparse.Namespace) -> int:
     if args.topology is not None and args.format != "astra-sim":
         raise UsageError(f"--topology is astra-sim's; the {args.format} format has no topology to set")
@@ -55,12 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--template is calculon's; the {args.format} format has no template to complete")
     not_an_input(args.out, [args.calibration, *([args.template] if args.template else [])])
     sizes = tier_sizes(args.tier_sizes) if args.tier_sizes is not None else None
-    template = None
-    if args.template is not None:
-        template = read_json(args.template, "Calculon system file")
-        if not isinstance(template, dict):
-            raise UsageError(f"{args.template}: not a Calculon system file (a JSON object with matrix, vector, mem1, "
-                             f"mem2, networks)")
+    template = read_template(args.template) if args.template is not None else None
     cal = load_calibration(args.calibration)
     if args.format == "calculon":
         out = export.calculon(cal, sizes, template)

@@ -24,6 +24,7 @@ from calib.result import CalibrationResult, CopyRate, GemmRate, p2p_of
 from calib.synthetic import TrueModel, exact_models, link_shape
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
+from microbench.limits import MAX_RANKS
 from microbench.links import meaning
 from microbench.ops import itemsize
 
@@ -72,11 +73,12 @@ def from_spec(spec: dict, path: str = "spec") -> CalibrationResult:
         _number(tier, "bandwidth_GBps", f"{path}: tiers[{i}]", *RATES)
         _number(tier, "latency_us", f"{path}: tiers[{i}]", high=1e9)
         _number(tier, "efficiency", f"{path}: tiers[{i}]", RATES[0], 1.0)
-        if not isinstance(tier["devices"], int) or tier["devices"] < 2:
-            raise UsageError(f"{path}: tiers[{i}]: key 'devices' must be an integer >= 2")
+        if not isinstance(tier["devices"], int) or not 2 <= tier["devices"] <= MAX_RANKS:
+            raise UsageError(f"{path}: tiers[{i}]: key 'devices' must be an integer from 2 to {MAX_RANKS}")
     per_node = tiers[0]["devices"]
-    if len(tiers) == 2 and tiers[1]["devices"] % per_node:
-        raise UsageError(f"{path}: tiers[1].devices ({tiers[1]['devices']}) is not a multiple of a node's {per_node}")
+    if len(tiers) == 2 and (tiers[1]["devices"] <= per_node or tiers[1]["devices"] % per_node):
+        raise UsageError(f"{path}: tiers[1].devices ({tiers[1]['devices']}) must be a multiple of a node's {per_node} "
+                         f"(tiers[0].devices) and more than it: the network spans two nodes or more")
     device = _keys(spec["device"], DEVICE_KEYS, f"{path}: device")
     for key in ("memory_GiB", "memory_GBps", "gemm_half_gflop"):
         _number(device, key, f"{path}: device", *RATES)

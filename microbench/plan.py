@@ -133,22 +133,37 @@ def scan_estimate(nodes: int, sizes: list[int], rounds: int, rule: StopRule, mac
                     launch + sum(visits), launch)
 
 
+DRY_DEFAULTS = {"nodes": None, "gpus_per_node": 1, "time_limit": None, "assume_latency_us": 3.0,
+                "assume_bandwidth": 25.0}
+"""The options only a --dry-run reads, and what it takes for each left out (None: nothing, or an error)."""
+
+
 def add_arguments(p: argparse.ArgumentParser, ranks_help: str) -> None:
-    """--dry-run and what it plans for: the allocation's shape and time limit, and the assumed network."""
+    """--dry-run and what it plans for: the allocation's shape and time limit, and the assumed network (each left
+    None when not given, so that a real run can refuse them)."""
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan and its estimated time for --nodes and --gpus-per-node, without MPI")
     p.add_argument("--nodes", type=int, help="with --dry-run: nodes of the allocation")
-    p.add_argument("--gpus-per-node", type=int, default=1, help=f"with --dry-run: {ranks_help} (default 1)")
+    p.add_argument("--gpus-per-node", type=int,
+                   help=f"with --dry-run: {ranks_help} (default {DRY_DEFAULTS['gpus_per_node']})")
     p.add_argument("--time-limit", metavar="HH:MM:SS",
                    help="with --dry-run: one allocation's time limit; prints how the work splits into allocations")
-    p.add_argument("--assume-latency-us", type=float, default=3.0,
-                   help="with --dry-run: the network's latency in the alpha-beta model (default 3)")
-    p.add_argument("--assume-bandwidth", type=float, default=25.0, metavar="GB/s",
-                   help="with --dry-run: each node's network bandwidth in the model (default 25)")
+    p.add_argument("--assume-latency-us", type=float,
+                   help="with --dry-run: the network's latency in the alpha-beta model "
+                        f"(default {DRY_DEFAULTS['assume_latency_us']:g})")
+    p.add_argument("--assume-bandwidth", type=float, metavar="GB/s",
+                   help="with --dry-run: each node's network bandwidth in the model "
+                        f"(default {DRY_DEFAULTS['assume_bandwidth']:g})")
 
 
 def dry(args: argparse.Namespace) -> bool:
-    """Whether this is a --dry-run; a real run must name its --out."""
+    """Whether this is a --dry-run; a real run must name its --out and give none of the options only a dry run
+    reads (it would ignore them)."""
+    if not args.dry_run:
+        given = [f"--{name.replace('_', '-')}" for name in DRY_DEFAULTS if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only a --dry-run plans with these; a real run measures the "
+                             f"allocation it runs in (add --dry-run, or drop them)")
     if not (args.dry_run or args.out):
         raise UsageError("--out DIR is required (or --dry-run)")
     return bool(args.dry_run)
@@ -164,17 +179,19 @@ class DryRun:
 
 def dry_run(args: argparse.Namespace) -> DryRun:
     """The dry run's allocation and machine from arguments (UsageError for bad ones)."""
-    if args.nodes is None or args.nodes < 1:
+    a = argparse.Namespace(**{name: DRY_DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
+                              for name in DRY_DEFAULTS})
+    if a.nodes is None or a.nodes < 1:
         raise UsageError("--dry-run needs --nodes N (1 or more)")
-    if args.gpus_per_node < 1:
+    if a.gpus_per_node < 1:
         raise UsageError("--gpus-per-node must be 1 or more")
-    if args.nodes * args.gpus_per_node > MAX_RANKS:
-        raise UsageError(f"--dry-run plans up to {MAX_RANKS} ranks, not {args.nodes} x {args.gpus_per_node}")
-    if not (1e-9 <= args.assume_latency_us <= 1e9 and 1e-9 <= args.assume_bandwidth <= 1e9):
+    if a.nodes * a.gpus_per_node > MAX_RANKS:
+        raise UsageError(f"--dry-run plans up to {MAX_RANKS} ranks, not {a.nodes} x {a.gpus_per_node}")
+    if not (1e-9 <= a.assume_latency_us <= 1e9 and 1e-9 <= a.assume_bandwidth <= 1e9):
         raise UsageError("--assume-latency-us and --assume-bandwidth must lie in 1e-9 to 1e9")
-    limit = parse_duration(args.time_limit) if args.time_limit else None
-    return DryRun(args.nodes, args.gpus_per_node, limit,
-                  Machine.default(args.assume_latency_us * 1e-6, args.assume_bandwidth * 1e9))
+    limit = parse_duration(a.time_limit) if a.time_limit else None
+    return DryRun(a.nodes, a.gpus_per_node, limit,
+                  Machine.default(a.assume_latency_us * 1e-6, a.assume_bandwidth * 1e9))
 
 
 def parse_duration(text: str) -> float:

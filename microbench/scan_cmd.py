@@ -12,12 +12,15 @@ from microbench import plan
 from microbench.atomic import atomic_write_text
 from microbench.errors import UsageError
 from microbench.flags import Presets, add_quick_argument, add_stop_arguments
+from microbench.ops import COMM_DTYPE, OPS, itemsize
 from microbench.scanfile import ScanConfig
 from microbench.schedule import round_count
 from microbench.sizes import format_size, parse_size, parse_sizes
 from microbench.stats import StopRule
 from microbench.switches import infer_levels
 
+MIN_OPERAND = OPS["gemm"].layout(1, 1, itemsize(COMM_DTYPE)).size_bytes
+"""The smallest copy or GEMM operand, in bytes: a 2 x 2 matrix (microbench.ops.Op.layout)."""
 PRESETS = Presets(defaults=dict(sizes="8,4M", target_ci=0.02, min_samples=10, point_budget=0.5, rounds=1),
                   quick=dict(target_ci=0.05, point_budget=0.2))
 
@@ -31,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--point-budget", type=float,
                    help=f"seconds per pair and size before giving up on the CI target ({PRESETS.say('point_budget')})")
     add_quick_argument(p, "a looser CI target and a shorter budget")
-    p.add_argument("--copy-size", default="16M", help="each node's copy operand (default 16M)")
-    p.add_argument("--gemm-size", default="1M", help="each node's GEMM operand (default 1M: 512 x 512 float32)")
+    p.add_argument("--copy-size", default="16M", help=f"each node's copy operand (default 16M; at least {MIN_OPERAND})")
+    p.add_argument("--gemm-size", default="1M",
+                   help=f"each node's GEMM operand (default 1M: 512 x 512 float32; at least {MIN_OPERAND}: 2 x 2)")
     p.add_argument("--bandwidth-tolerance", type=float, default=0.10,
                    help="flag a pair or node whose bandwidth is this fraction below the reference, or 3 robust "
                         "standard deviations if more (default 0.10)")
@@ -65,7 +69,24 @@ def build_config(args: argparse.Namespace):
     for name in ("bandwidth_tolerance", "latency_tolerance", "node_tolerance"):
         if not 0 <= getattr(args, name) < 10:
             raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 10")
-    return ScanConfig(sizes, rule, rounds, parse_size(args.copy_size), parse_size(args.gemm_size), args.recheck)
+    return ScanConfig(sizes, rule, rounds, operand_size("--copy-size", args.copy_size),
+                      operand_size("--gemm-size", args.gemm_size), args.recheck)
+
+
+def operand_size(option: str, text: str) -> int:
+    """A node check's operand in bytes: an n x n matrix, n at least 2, so below MIN_OPERAND it would be timed as
+    one of MIN_OPERAND bytes, not the size asked for."""
+    size = parse_size(text)
+    if size < MIN_OPERAND:
+        raise UsageError(f"{option} {text}: the operand is an n x n {COMM_DTYPE} matrix, n at least 2, so at least "
+                         f"{MIN_OPERAND} bytes")
+    return size
+
+
+def check_nodes(count: int) -> None:
+    """A scan measures node pairs: UsageError below two nodes (a dry run refuses what the scan would)."""
+    if count < 2:
+        raise UsageError("scan needs two nodes or more")
 
 
 def node_names(hosts: list[str], per_rank: bool) -> list[str]:
@@ -81,6 +102,7 @@ def node_names(hosts: list[str], per_rank: bool) -> list[str]:
 
 def print_plan(args: argparse.Namespace) -> int:
     dry = plan.dry_run(args)
+    check_nodes(dry.nodes)
     cfg = build_config(args)
     est = plan.scan_estimate(dry.nodes, list(cfg.sizes), cfg.rounds, cfg.rule, dry.machine,
                              (2.0 * cfg.copy_size, 2.0 * (cfg.gemm_size / 4) ** 1.5), cfg.recheck)
@@ -92,6 +114,9 @@ def print_plan(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from microbench.sweep_cmd import check_expect_world, check_world
+
+    check_expect_world(args.expect_world)
     if plan.dry(args):
         return print_plan(args)
     cfg = build_config(args)
@@ -103,14 +128,12 @@ def run(args: argparse.Namespace) -> int:
     from microbench.backends import backend_for
     from microbench.buffers import set_page_policy
     from microbench.scanfile import SCAN_SCHEMA, SCAN_SCHEMA_VERSION, Recheck, Scan, read_scan, rows_frame, write_scan
-    from microbench.sweep_cmd import check_world
 
     world = MPI.COMM_WORLD
     check_world(world.size, args.expect_world)
     hosts = world.allgather(MPI.Get_processor_name())
     nodes = node_names(hosts, args.per_rank)
-    if world.size < 2:
-        raise UsageError("scan needs two nodes or more")
+    check_nodes(world.size)
     out = Path(args.out)
     if world.rank == 0 and (out / "scan.json").exists():
         error = f"{out} already holds a scan; choose another --out"

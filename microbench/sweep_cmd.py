@@ -11,6 +11,7 @@ from microbench.backends import backend_for
 from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
 from microbench.flags import Presets, add_backend_argument, add_quick_argument, add_stop_arguments
+from microbench.limits import MAX_RANKS
 from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
@@ -183,6 +184,12 @@ def launcher_task_count() -> int | None:
     return None
 
 
+def check_expect_world(expect: int | None) -> None:
+    """--expect-world's range, checked before MPI starts: a world has 1 to MAX_RANKS ranks."""
+    if expect is not None and not 1 <= expect <= MAX_RANKS:
+        raise UsageError(f"--expect-world must be 1 to {MAX_RANKS}, not {expect}")
+
+
 def check_world(world_size: int, expect: int | None) -> None:
     if expect is not None and world_size != expect:
         raise UsageError(f"MPI world has {world_size} ranks but --expect-world is {expect}")
@@ -253,6 +260,7 @@ def _topology(path: str | None, hosts: list[str]) -> Topology | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_expect_world(args.expect_world)
     if plan.dry(args):
         return print_plan(args)
     threads = choose(args.thread_level, args.backend)      # before MPI is initialised

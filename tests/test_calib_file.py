@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 
 import jsonschema
 import numpy as np
@@ -67,6 +68,13 @@ def _mutations():
             del d[last]
         return f
 
+    def reverse(path):
+        def f(d):
+            for k in path:
+                d = d[k]
+            d.reverse()
+        return f
+
     seg = ["models", "allreduce", "inter", "segments", 0]
     return [
         (put(["version"], VERSION + 1), "'version'"),
@@ -85,6 +93,12 @@ def _mutations():
          "key 'models.allreduce.inter.speeds': sizes must ascend and ratios give one ratio per size"),
         (put(["models", "allreduce", "inter", "speeds"], dict(SPEEDS, sizes=[1024.0, 8.0])),
          "key 'models.allreduce.inter.speeds': sizes must ascend"),
+        (reverse(["models", "pingpong", "inter", "segments"]),
+         "key 'models.pingpong.inter.segments.1' spans 8..4096 B: a segment's min_bytes must not exceed its max_bytes, "
+         "and each segment must start and end at or above the one before"),
+        (put([*seg, "min_bytes"], 2.0 ** 30), "key 'models.allreduce.inter.segments.0' spans "),
+        (drop(["link_classes", "inter"]), "key 'models.allreduce.inter' is a model on link class 'inter', which "
+                                          "'link_classes' lacks"),
     ]
 
 
@@ -104,6 +118,19 @@ def test_loader_rejects_bad_files_naming_the_key(cal_dict, tmp_path, mutate, mes
         path.write_text(json.dumps(bad))
         with pytest.raises(UsageError, match=message.replace(".", r"\.")):
             load_calibration(path)
+
+
+def test_a_shared_segment_boundary_loads_and_huge_standard_errors_give_an_infinite_interval_without_a_warning(
+        cal_dict):
+    """A fit's adjacent segments may share a boundary; a standard error whose square overflows is no numpy warning."""
+    assert [(s["min_bytes"], s["max_bytes"]) for s in cal_dict["models"]["pingpong"]["inter"]["segments"]] \
+        == [(8.0, 4096.0), (4096.0, 2.0 ** 26)]
+    for s in cal_dict["models"]["allreduce"]["inter"]["segments"]:
+        s.update(alpha_se_s=1e200, beta_se_s_per_byte=1e200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pred = calibration_from_dict(cal_dict).predict("allreduce", "inter", 4, 1e6)
+    assert pred.high_s == math.inf and pred.low_s == 0.0 and math.isfinite(pred.seconds)
 
 
 def test_table_on_a_bad_file_is_one_line_and_exit_2(cal_dict, tmp_path):
@@ -171,7 +198,7 @@ def test_unknown_options_and_bad_choices_are_one_line_with_the_prefix_once(tmp_p
     code, _, err = run_main(capsys, ["table", str(tmp_path / "c.json"), "--bogus"])
     assert code == 2 and err == "commcal: error: unrecognized arguments: --bogus\n"
     code, _, err = run_main(capsys, ["fit", str(tmp_path), "--out", "c.json", "--method", "ols"])
-    assert code == 2 and err.startswith("commcal: error: commcal fit: argument --method: invalid choice: 'ols'")
+    assert code == 2 and err.startswith("commcal: error: fit: argument --method: invalid choice: 'ols'")
 
 
 def test_fit_rejects_a_run_without_samples(tmp_path, capsys):

@@ -152,6 +152,8 @@ def test_nccl_tests_text_and_json(capsys, tmp_path):
      ":4:", "expected 2 columns"),
     ("# OSU MPI Allreduce Latency Test v7.5\n# Size       Avg Latency(us)\n8   0.32\n", ["--link", "intra"],
      ":1:", "give --procs or --hosts"),
+    ("# OSU MPI Allreduce Latency Test v7.5\n# Size       Avg Latency(us)\n8   0.32\n",
+     ["--link", "intra", "--procs", "1"], ":1:", "a collective of 1 process communicates with nobody"),
     ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n8   0.32\n", [], ":3:", "give --hosts"),
     ("# OSU MPI Latency Test v7.5\n# Size       Avg Latency(us)\n8   abc\n", ["--link", "intra"], ":3:",
      "'abc' is not a number"),
@@ -188,6 +190,7 @@ def test_unreadable_logs_are_one_line_naming_file_and_line(capsys, tmp_path, con
     (["--link", "intra", "--procs", "9" * 20], "new", "--procs 99999999999999999999 must be 1 to"),
     (["--link", "intra"], "a file", "exists and is not a directory"),
     (["--procs", "8", "--log", "nccl"], "new", "the log ran 2 ranks, not the 8"),
+    (["--link", "intra", "--procs", "3"], "new", "osu_latency.txt: the log ran 2 ranks, not the 3 of --procs/--hosts"),
     (["--link", "intra"], "/proc/commcal", "cannot create the run directory"),
 ])
 def test_import_refuses_what_no_run_holds_in_one_line(capsys, tmp_path, flags, out, says):
@@ -349,6 +352,34 @@ def test_export_spans_the_machine_and_prices_the_outer_level_by_the_other_outer_
         code, out, err = run_main(capsys, ["export", str(two_nodes), "--format", "astra-sim", "--topology",
                                            "Ring,Switch", "--tier-sizes", sizes, "--out", str(tmp_path / "bad.yml")])
         assert code == 2 and err.count("\n") == 1 and says in err and not (tmp_path / "bad.yml").exists(), (sizes, err)
+
+
+@pytest.mark.parametrize("template, says", [
+    ("calibration", "a commcal calibration file (schema 'commcal.calibration'), not a Calculon system file"),
+    ({"x": 1}, "not a Calculon system file (a JSON object holding some of matrix, vector, mem1, mem2, networks, "
+               "processing_mode)"),
+    ([1], "not a Calculon system file")])
+def test_calculon_export_refuses_a_template_that_is_no_calculon_system(capsys, tmp_path, template, says):
+    spec = tmp_path / "spec.json"
+    assert main_quiet(["calibration", "from-spec", "selene", "--out", str(spec)]) == 0
+    capsys.readouterr()
+    path = spec if template == "calibration" else tmp_path / "t.json"
+    if path != spec:
+        path.write_text(json.dumps(template))
+    code, stdout, err = run_main(capsys, ["export", str(spec), "--format", "calculon", "--template", str(path),
+                                          "--out", str(tmp_path / "s.json")])
+    assert code == 2 and stdout == "" and err.count("\n") == 1 and f"{path}: {says}" in err, err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_a_spec_whose_network_spans_two_nodes_exports(capsys, tmp_path):
+    """The smallest two-tier spec calibration.from-spec takes (the network two nodes) is one export takes."""
+    spec = json.loads((Path(__file__).parent.parent / "calib" / "selene.spec.json").read_text())
+    spec["tiers"][1]["devices"] = 2 * spec["tiers"][0]["devices"]
+    (tmp_path / "two.spec.json").write_text(json.dumps(spec))
+    assert main_quiet(["calibration", "from-spec", str(tmp_path / "two.spec.json"), "--out", str(tmp_path / "c.json")]) == 0
+    assert main_quiet(["export", str(tmp_path / "c.json"), "--format", "calculon", "--out", str(tmp_path / "s.json")]) == 0
+    assert [t["size"] for t in json.loads((tmp_path / "s.json").read_text())["networks"]] == [8, 16]
 
 
 def test_calculon_export_completed_by_a_template_loads_as_calculon_reads_it(capsys, tmp_path):

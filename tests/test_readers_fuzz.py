@@ -15,6 +15,7 @@ import math
 import shutil
 import sys
 import traceback
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,18 +51,24 @@ class Outcome:
         lines = self.stderr.strip().splitlines()
         return [why for why, bad in (
             (f"exit {self.code}", self.code not in (0, 2)), ("a traceback", "Traceback" in self.stderr),
+            ("a numpy warning", "RuntimeWarning" in self.stderr),
             (f"{len(lines)} lines on stderr with exit 2", self.code == 2 and len(lines) != 1)) if bad]
 
 
 def capture(call: Callable[[], int]) -> Outcome:
-    """Run a reader here: its exit code and stderr; an exception that escapes is the traceback a user would see."""
+    """Run a reader here: its exit code and stderr; an exception that escapes is the traceback a user would see, and
+    a RuntimeWarning (which pytest would otherwise keep from stderr) the line a user would see."""
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
         try:
             code = call()
         except Exception:   # noqa: BLE001 - any escape is the failure under test
             code = 1
             err.write(traceback.format_exc())
+    err.writelines(f"{w.filename}:{w.lineno}: RuntimeWarning: {w.message}\n" for w in caught
+                   if issubclass(w.category, RuntimeWarning))
     return Outcome(code, err.getvalue())
 
 
@@ -412,6 +419,13 @@ def every_model(alpha: float, beta: float) -> Callable[[dict], dict]:
     return change
 
 
+def every_segment(cal: dict, **values) -> dict:
+    """The calibration with these values in every segment of every model."""
+    for seg in (s for by_link in cal["models"].values() for m in by_link.values() for s in m["segments"]):
+        seg.update(values)
+    return cal
+
+
 def every_gemm(**values) -> Callable[[dict], dict]:
     def change(cal: dict) -> dict:
         for g in cal["compute"]["gemm"].values():
@@ -453,6 +467,9 @@ CAL_CASES = [
     CalCase("tiny_parameters", every_model(1e-300, 1e-300), True),
     CalCase("zero_gemm_rate", every_gemm(flops_per_s=0.0, peak_flops_per_s=0.0), True),
     CalCase("no_gemm", set_in(lambda c: c["compute"], gemm={}), True),
+    CalCase("huge_standard_errors", lambda cal: every_segment(cal, alpha_se_s=1e200, beta_se_s_per_byte=1e200), True),
+    CalCase("segment_min_above_max", lambda cal: every_segment(cal, min_bytes=1e15), False),
+    CalCase("model_on_a_missing_link", set_in(lambda c: c, link_classes={}), False),
 ]
 
 

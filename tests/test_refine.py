@@ -152,7 +152,14 @@ def bad_cases(capsys, tmp_path: Path) -> list[tuple[list[str], str]]:
     level = write_synthetic_run(tmp_path / "level", {("allreduce", "inter2"): (5e-6, 1e-9)}, {"inter2": [2, 4]},
                                 run_id="level")
     spec = ["calibration", "from-spec"]
-    return [([*spec, "selene", "--refine", str(osu)], "measured backend mpi, the spec selene is nccl"),
+    flat, huge = (tmp_path / f"{name}.json" for name in ("flat", "huge"))
+    flat.write_text(json.dumps({**SMALL_SPEC, "tiers": [SMALL_SPEC["tiers"][0]] * 2}))
+    huge.write_text(json.dumps({**SMALL_SPEC, "tiers": [SMALL_SPEC["tiers"][0],
+                                                        {**SMALL_SPEC["tiers"][1], "devices": 4 * 10 ** 30}]}))
+    return [([*spec, str(flat)], "tiers[1].devices (4) must be a multiple of a node's 4 (tiers[0].devices) and more "
+                                 "than it"),
+            ([*spec, str(huge)], "tiers[1]: key 'devices' must be an integer from 2 to 1048576"),
+            ([*spec, "selene", "--refine", str(osu)], "measured backend mpi, the spec selene is nccl"),
             ([*spec, str(f16), "--refine", str(gemm32)], "float32 GEMMs, a dtype the spec states no peak for"),
             ([*spec, str(small), "--refine", str(fast)], "above the spec's peak"),
             ([*spec, str(small), "--refine", str(short)], "nothing could be fitted"),

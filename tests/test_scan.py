@@ -274,6 +274,29 @@ def test_dry_runs_print_plans_without_mpi(capsys):
     assert code == 2 and "--out" in err
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--nodes", "1"], "scan needs two nodes or more"),
+    (["--nodes", "2", "--gemm-size", "3"], "--gemm-size 3: the operand is an n x n float32 matrix, n at least 2, so "
+                                           "at least 16 bytes"),
+    (["--nodes", "2", "--copy-size", "15"], "--copy-size 15: the operand is an n x n float32 matrix")])
+def test_a_dry_run_refuses_what_a_scan_would_in_one_line(capsys, args, says):
+    code, out, err = run_main(capsys, ["scan", "--dry-run", *args])
+    assert code == 2 and out == "" and err.startswith(f"commcal: error: {says}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["sweep", "--assume-bandwidth", "0"], "--assume-bandwidth: only a --dry-run plans with these"),
+    (["sweep", "--nodes", "4", "--gpus-per-node", "8", "--assume-latency-us", "2"],
+     "--nodes, --gpus-per-node, --assume-latency-us: only a --dry-run plans with these"),
+    (["scan", "--time-limit", "1:00:00"], "--time-limit: only a --dry-run plans with these"),
+    (["sweep", "--expect-world", "0"], "--expect-world must be 1 to 1048576, not 0"),
+    (["scan", "--expect-world", "-2"], "--expect-world must be 1 to 1048576, not -2")])
+def test_a_real_run_refuses_dry_run_options_and_a_world_of_no_ranks(capsys, tmp_path, args, says):
+    code, out, err = run_main(capsys, [*args, "--out", str(tmp_path / "run")])
+    assert code == 2 and out == "" and err.startswith(f"commcal: error: {says}") and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.mpi
 def test_a_real_scan_of_three_ranks(tmp_path):
     out = tmp_path / "scan"

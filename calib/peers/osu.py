@@ -1,7 +1,8 @@
 """OSU Micro-Benchmarks text output (osu_latency, osu_bw, osu_bibw and the blocking collectives, with or without -f).
 
 OSU prints one table per run under a title '# OSU MPI[-CUDA|-ROCM] <name> Test v<version>'. It records neither
-the process count nor the command line, so the job's process count comes from the caller (--procs or --hosts).
+the process count nor the command line, so a collective's process count comes from the caller (--procs or --hosts);
+the point-to-point tests run on exactly two processes.
 Latency tests time a back-to-back loop: osu_latency's 'Avg Latency' is half the round trip averaged over the loop
 (commcal's pingpong); a collective's 'Avg Latency' is each rank's loop average averaged over ranks, and with -f
 'Max Latency' is the slowest rank's loop average, which is what is kept (commcal times the slowest rank too).
@@ -46,6 +47,9 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
     p2p = op in ("pingpong", "sendrecv")
     if not p2p and job.world is None:
         raise fail(path, at, "OSU does not record how many processes ran the collective: give --procs or --hosts")
+    if not p2p and job.world < 2:
+        raise fail(path, at, f"a collective of {job.world} process communicates with nobody: --procs or --hosts must "
+                             "give the 2 or more processes that ran it")
     procs = 2 if p2p else job.world
     dtype, header, points = "int8", None, []
     for i, raw in enumerate(lines[at:], at + 1):
@@ -83,4 +87,4 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
     else:
         statistic = "mean over a back-to-back loop" + ("" if p2p else " and over ranks (OSU Avg Latency)")
     return PeerLog(str(path), "osu", version, "", "osu-window" if window else "osu", statistic,
-                   "mpi-cuda" if device == "CUDA" else "mpi", tuple(points))
+                   "mpi-cuda" if device == "CUDA" else "mpi", tuple(points), world=2 if p2p else None)
