@@ -155,7 +155,8 @@ def test_profile_times_every_kernel_validate_runs_near_what_validate_measures(tm
     assert profile.ranks == 2 and all(k.median_s > 0 and k.samples >= 15 for k in profile.kernels)
     code, text, err = run_main(capsys, ["search", cal, "--model", CNN, "--mesh", "2", "--json", "--profile", str(prof)])
     got = json.loads(text)["profile"]                          # every strategy search weighs is profiled
-    assert code == 0 and got["profiled"] == got["compute_steps"] > 0 and "warning" not in err
+    warnings = [line for line in err.splitlines() if "warning" in line and "the hypervisor took CPU time" not in line]
+    assert code == 0 and got["profiled"] == got["compute_steps"] > 0 and not warnings, err   # steal: the host's
     run_mpi(2, ["validate", cal, "--model", CNN, "--mesh", "2", "--strategies",
                 "data,filter,channel,spatial,pipeline", "--profile", str(prof), "--out", str(out), "--budget", "0.05",
                 "--rounds", "2", "--refine-rounds", "0", "--bootstrap", "20"], check=True)
