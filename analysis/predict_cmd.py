@@ -11,8 +11,7 @@ import argparse
 from analysis.colossal import Rooted
 from analysis.layers import Compute, parse_strategy
 from analysis.mesh import parse_mesh
-from analysis.models import parse_model
-from analysis.models import check_spec
+from analysis.models import check_spec, parse_model
 from analysis.options import (Form, add_json_argument, add_mesh_arguments, add_profile_argument, add_strict_argument,
                               fmt_bytes, fmt_s, form_of, load_profile_argument, nics_per_node, profile_record,
                               report_fallbacks, size_option)

@@ -14,6 +14,7 @@ data parallelism, ZeRO 1) run for real and ranked against analysis.training's pr
 from __future__ import annotations
 
 import argparse
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,8 @@ def check_out(out: str) -> None:
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
     for made in missing:      # made only to learn it can be: a refusal later leaves nothing behind
-        made.rmdir()
+        with suppress(OSError):   # another rank of the job may have removed it first
+            made.rmdir()
 
 
 def config(args) -> Config:

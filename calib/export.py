@@ -79,26 +79,22 @@ def levels(cal: Calibration, sizes: list[int] | None = None) -> tuple[list[Level
     exported level spans (--tier-sizes), else the calibration's machine (_spans)."""
     classes = cal.link_classes()
     links = [lk for lk in TIER_LINKS if lk in classes and not (lk == "spread" and "inter" in classes)]
-    out, missing = [], []
-    for link in links:
-        p2p = cal.result.p2p.get("pingpong", {}).get(link)
-        if p2p is None or not p2p.beta_s_per_byte > 0:
-            missing.append(f"{link}: no pingpong model (sweep --ops pingpong on that link), so no latency or rate")
-            continue
-        out.append(Level(link, max(p2p.alpha_s, 0.0), 1.0 / p2p.beta_s_per_byte, 0))
-    if not out:
+    p2p = {lk: cal.result.p2p.get("pingpong", {}).get(lk) for lk in links}
+    kept = [lk for lk in links if p2p[lk] is not None and p2p[lk].beta_s_per_byte > 0]
+    missing = [f"{lk}: no pingpong model (sweep --ops pingpong on that link), so no latency or rate"
+               for lk in links if lk not in kept]
+    if not kept:
         raise UsageError("the calibration has no link class with a pingpong model: an export needs each link's "
                          "point-to-point latency and rate (sweep --ops pingpong)")
     if sizes is None:
-        sizes = _spans(cal, [lv.link for lv in out])
-    elif len(sizes) != len(out):
-        raise UsageError(f"--tier-sizes gives {len(sizes)} size(s) for {len(out)} level(s) "
-                         f"({', '.join(lv.link for lv in out)})")
+        sizes = _spans(cal, kept)
+    elif len(sizes) != len(kept):
+        raise UsageError(f"--tier-sizes gives {len(sizes)} size(s) for {len(kept)} level(s) ({', '.join(kept)})")
     if any(b < 2 for b in sizes) or any(b <= a for a, b in zip(sizes, sizes[1:])):
-        raise UsageError(f"tier sizes {','.join(map(str, sizes))} ({', '.join(lv.link for lv in out)}): each level "
-                         f"must span at least 2 devices and more than the level inside it; give the machine's with "
-                         f"--tier-sizes N,...")
-    return [Level(lv.link, lv.alpha_s, lv.bytes_per_s, int(n)) for lv, n in zip(out, sizes)], missing
+        raise UsageError(f"tier sizes {','.join(map(str, sizes))} ({', '.join(kept)}): each level must span at least "
+                         f"2 devices and more than the level inside it; give the machine's with --tier-sizes N,...")
+    return [Level(lk, max(p2p[lk].alpha_s, 0.0), 1.0 / p2p[lk].beta_s_per_byte, int(n))
+            for lk, n in zip(kept, sizes)], missing
 
 
 def model_link(cal: Calibration, op: str, link: str) -> str | None:

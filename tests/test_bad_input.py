@@ -214,3 +214,30 @@ def test_the_documented_combinations_still_price(argv, cal, capsys):
     collective of one process is priced (it costs nothing)."""
     code, _, err = run_main(capsys, [str(cal) if a == "{cal}" else a for a in argv])
     assert code == 0, err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["report", "--run", "{run}", "--out", "{run}"], "would overwrite the input"),
+    (["report", "--run", "{run}", "--out", "{run}/points"], "would overwrite the input"),
+    (["report", "--run", "{run}", "--run", "{run}/", "--out", "{tmp}/r"], "the same run directory given twice"),
+    (["report", "--run", "{run}", "--out", ""], "--out is empty"),
+    (["diff", "{cal}", "{cal}", "--out", "{cal}"], "exists and is not a directory"),
+    (["fit", "{val}", "--out", "{tmp}/c.json"], "not a commcal run directory: a validation directory"),
+    (["diff", "{val}", "{cal}"], "a validation directory, not a calibration"),
+])
+def test_reports_write_beside_their_inputs_and_name_a_validation(argv, says, cal, tmp_path, capsys):
+    """report and diff never write into what they read (a run's points/ is every reader's), and a validation's
+    directory, which holds a run.json of its own, is named as what it is; one line, exit 2, the run untouched."""
+    import shutil
+    run, val = tmp_path / "run", tmp_path / "val"
+    shutil.copytree(RUN, run)
+    (run / "points").mkdir(exist_ok=True)
+    val.mkdir()
+    (val / "run.json").write_text(json.dumps({"command": "validate"}))
+    (val / "strategies.parquet").write_bytes(b"")
+    before = sorted(p.name for p in run.rglob("*"))
+    fill = {"{run}": str(run), "{cal}": str(cal), "{val}": str(val), "{tmp}": str(tmp_path)}
+    args = [next((a.replace(k, v) for k, v in fill.items() if k in a), a) for a in argv]
+    code, _, err = run_main(capsys, args)
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert sorted(p.name for p in run.rglob("*")) == before

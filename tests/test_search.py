@@ -81,6 +81,30 @@ def test_a_binding_memory_cap_is_bounded_by_the_best_assignment_within_it(tables
         assert cap_bound(tables, lam, cap) <= best * (1 + 1e-12) <= chain_cost(tables, capped) * (1 + 1e-12)
 
 
+def test_a_binding_cap_is_said_and_bounded_where_search_prints_it(tmp_path, capsys):
+    """The command, where --memory-cap binds: the JSON's optimum is not exact, its bound lies at or under the answer's
+    time, the answer fits the cap, and coordinate descent is said to fit it or not as its memory does; the text says
+    "memory-capped search", never "exact search". Without a cap: exact, bound = answer."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(cal_dict()))
+    argv = ["search", str(cal), "--model", "transformer:d=64,heads=4,seq=32,batch=16,layers=4", "--mesh", "2x2"]
+    code, text, err = run_main(capsys, [*argv, "--json"])
+    free = json.loads(text)
+    assert code == 0 and free["optimum"]["exact"] and free["optimum"]["bound_s"] == free["total_s"], err
+    cap = int(0.9 * free["memory_bytes"])
+    code, text, err = run_main(capsys, [*argv, "--json", "--memory-cap", str(cap)])
+    capped = json.loads(text)
+    best, cd = capped["optimum"], capped["coordinate_descent"]
+    assert code == 0 and not best["exact"] and capped["memory_bytes"] <= cap, err
+    assert 0 < best["bound_s"] <= capped["total_s"] * (1 + 1e-12) and best["gap_bound"] >= -1e-12
+    assert capped["total_s"] >= free["total_s"] * (1 - 1e-12)
+    if best["taken_from"] == "coordinate descent":
+        assert cd["fits_memory_cap"] and cd["total_s"] == pytest.approx(capped["total_s"])
+    code, text, _ = run_main(capsys, [*argv, "--memory-cap", str(cap)])
+    assert "memory-capped search" in text and "exact search" not in text
+    assert ("over the memory cap" in text) == (not cd["fits_memory_cap"])
+
+
 def test_search_cli_json_and_errors(tmp_path):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(cal_dict()))
