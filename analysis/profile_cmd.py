@@ -16,7 +16,7 @@ from analysis.conv import BatchNorm2d
 from analysis.harness_cnn import ONE
 from analysis.layers import Embedding, Strategy
 from analysis.mesh import parse_mesh
-from analysis.models import parse_model
+from analysis.models import check_spec, parse_model
 from analysis.paradl import PIPELINE, PIPELINE_MICRO_BATCHES, STRATEGIES, applicable, assignment, micro_batch_model
 from analysis.options import add_dtype_argument
 from microbench.buffers import ALLOCATORS, PAGE_POLICIES
@@ -84,7 +84,7 @@ def work(args) -> list[tuple[str, list[tuple[object, object, object]]]]:
             out[key] = (label, scheds)
 
     for spec in args.model:
-        model = parse_model(spec, args.dtype)
+        model = parse_model(check_spec(spec), args.dtype)
         if any(isinstance(layer, Embedding) for layer in model.layers):
             raise UsageError(f"--model {spec}: a network run takes no embedding layer")
         for mesh in meshes:
@@ -102,7 +102,7 @@ def work(args) -> list[tuple[str, list[tuple[object, object, object]]]]:
             layers = micro_batch_model(spec, PIPELINE_MICRO_BATCHES, args.dtype).layers
             add(f"{spec} {PIPELINE}", layers, [Strategy(("-",))] * len(layers), ONE)
     for spec in args.layer:
-        for layer in parse_model(spec, args.dtype).layers:
+        for layer in parse_model(check_spec(spec), args.dtype).layers:
             if isinstance(layer, Embedding):
                 raise UsageError(f"--layer {spec}: an embedding's kernels are not profiled (its lookups depend on the "
                                  f"ids each device holds)")

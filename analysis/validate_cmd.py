@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.layers import Layer
-from analysis.models import Model, parse_model
+from analysis.models import Model, check_spec, parse_model
 from analysis.options import (add_dtype_argument, add_nics_argument, add_profile_argument, add_strict_argument,
                               load_profile_argument)
 from analysis.strategies import Selection, parse_selection
@@ -161,7 +161,7 @@ def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
     out, seen = [], {}
     for spec in specs:
         kind = spec.split(":")[0].strip()
-        for layer in parse_model(spec, dtype).layers:
+        for layer in parse_model(check_spec(spec), dtype).layers:
             name = f"{kind}.{layer.name}"
             seen[name] = seen.get(name, 0) + 1
             out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", layer))
@@ -170,7 +170,7 @@ def named_layers(specs, dtype: str) -> list[tuple[str, Layer]]:
 
 def named_networks(specs, dtype: str) -> list[tuple[str, Model]]:
     """(spec, model) of every --model."""
-    return [(spec, parse_model(spec, dtype)) for spec in specs]
+    return [(spec, parse_model(check_spec(spec), dtype)) for spec in specs]
 
 
 def prepare(args: argparse.Namespace) -> tuple[Config, list[tuple[str, Layer | Model]], object]:
@@ -188,7 +188,7 @@ def prepare_training(args: argparse.Namespace):
     from analysis.training import Transformer, parse_config
     from calib.calibration import load_calibration
 
-    model = Transformer.parse(args.training)
+    model = Transformer.parse(check_spec(args.training))
     if model.vocab:
         raise UsageError(f"--training {args.training!r}: the harness runs the transformer's blocks; give vocab=0")
     args.configs = [parse_config(text) for text in args.config]

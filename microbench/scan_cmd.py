@@ -13,7 +13,7 @@ from microbench.atomic import atomic_write_text
 from microbench.errors import UsageError
 from microbench.flags import Presets, add_quick_argument, add_stop_arguments
 from microbench.ops import COMM_DTYPE, OPS, itemsize
-from microbench.scanfile import ScanConfig
+from microbench.scanfile import NODE_OPS, ScanConfig
 from microbench.schedule import round_count
 from microbench.sizes import format_size, parse_size, parse_sizes
 from microbench.stats import StopRule
@@ -89,6 +89,20 @@ def check_nodes(count: int) -> None:
         raise UsageError("scan needs two nodes or more")
 
 
+def check_operands(world, hosts: list[str], cfg: ScanConfig) -> None:
+    """Refuse, on every rank and before allocating anything, a size or operand whose buffers cannot fit in a rank's
+    share of its node's available memory (the fewest over the ranks)."""
+    from mpi4py import MPI
+
+    from microbench.sweep import available_memory_bytes, check_fits
+
+    per_rank = world.allreduce(available_memory_bytes() // hosts.count(hosts[world.rank]), op=MPI.MIN)
+    for size in cfg.sizes:
+        check_fits("pingpong", size, OPS["pingpong"].layout(size, 2, itemsize(COMM_DTYPE)), per_rank)
+    for name, size in zip(NODE_OPS, (cfg.copy_size, cfg.gemm_size)):
+        check_fits(name, size, OPS[name].layout(size, 1, itemsize(COMM_DTYPE)), per_rank)
+
+
 def node_names(hosts: list[str], per_rank: bool) -> list[str]:
     """Each rank's node name: its host, or with per_rank 'host:rank'. Refuses two ranks on one host otherwise."""
     if per_rank:
@@ -134,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     hosts = world.allgather(MPI.Get_processor_name())
     nodes = node_names(hosts, args.per_rank)
     check_nodes(world.size)
+    check_operands(world, hosts, cfg)
     out = Path(args.out)
     if world.rank == 0 and (out / "scan.json").exists():
         error = f"{out} already holds a scan; choose another --out"

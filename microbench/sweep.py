@@ -111,14 +111,19 @@ def available_memory_bytes() -> int:
 def check_memory(points: list[PlannedPoint], per_rank_bytes: int, cache: str = "cold") -> None:
     """Refuse, before allocating anything, sizes whose buffers (send, receive, the check's expected copy
     and, for cold buffers, the pool) cannot fit in this rank's share of the node's available memory."""
-    pool = POOL_BYTES if cache == "cold" else 0
     for pt in points:
-        need = pt.layout.buffer_bytes + pt.layout.recv_count * pt.layout.itemsize + pool
-        if need > per_rank_bytes:
-            raise UsageError(f"size {format_size(pt.key.requested_bytes)} for {pt.op.name} needs {format_size(need)}B "
-                             f"per rank but only {format_size(per_rank_bytes)}B is available per rank")
-        if max(pt.layout.send_count, pt.layout.recv_count) >= 2**31:
-            raise UsageError(f"size {format_size(pt.layout.size_bytes)} for {pt.op.name} exceeds MPI's 2^31-element count")
+        check_fits(pt.op.name, pt.key.requested_bytes, pt.layout, per_rank_bytes, POOL_BYTES if cache == "cold" else 0)
+
+
+def check_fits(name: str, requested: int, layout, per_rank_bytes: int, pool: int = 0) -> None:
+    """UsageError where operation `name` at `requested` bytes (its `layout`: send, receive and the check's expected
+    copy, with `pool` bytes of cold buffers) cannot fit in `per_rank_bytes`, or exceeds MPI's element count."""
+    need = layout.buffer_bytes + layout.recv_count * layout.itemsize + pool
+    if need > per_rank_bytes:
+        raise UsageError(f"size {format_size(requested)} for {name} needs {format_size(need)}B "
+                         f"per rank but only {format_size(per_rank_bytes)}B is available per rank")
+    if max(layout.send_count, layout.recv_count) >= 2**31:
+        raise UsageError(f"size {format_size(layout.size_bytes)} for {name} exceeds MPI's 2^31-element count")
 
 
 @dataclass(frozen=True)

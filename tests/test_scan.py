@@ -319,6 +319,9 @@ def test_a_real_scan_of_three_ranks(tmp_path):
         assert f"rechecked {r.op} {r.node_a}" in proc.stdout
     refused = run_mpi(2, ["scan", "--out", str(tmp_path / "x")], timeout=60)
     assert refused.returncode == 2 and "one rank per node" in refused.stderr, refused.stderr
+    too_big = run_mpi(2, ["scan", "--per-rank", "--gemm-size", "64T", "--out", str(tmp_path / "y")], timeout=60)
+    assert too_big.returncode == 2 and "size 64T for gemm needs" in too_big.stderr, too_big.stderr
+    assert not (tmp_path / "y").exists()
 
 
 RECHECK_SUSPECTS = """
