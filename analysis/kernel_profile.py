@@ -5,13 +5,13 @@ The file is versioned JSON written atomically; any problem reading it is one Usa
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from microbench.atomic import atomic_write_json
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
+from microbench.limits import MAX_RANKS, MAX_SECONDS
 
 FORMAT = "commcal-profile"
 VERSION = 1
@@ -98,8 +98,8 @@ def _kernel(d, i: int) -> Kernel:
         raise ValueError(f"{where}: operands is not a list")
     key = KernelKey(expr, tuple(_shape(s, f"{where} operand") for s in operands), _shape(d.get("out"), f"{where} out"),
                     dtype)
-    if isinstance(median, bool) or not isinstance(median, (int, float)) or not (0 < median < math.inf):
-        raise ValueError(f"{where}: median_s must be a positive number of seconds")
+    if isinstance(median, bool) or not isinstance(median, (int, float)) or not 0 < median <= MAX_SECONDS:
+        raise ValueError(f"{where}: median_s must be a positive number of seconds, {MAX_SECONDS:g} at most")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"{where}: samples must be a positive integer")
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not spread >= 0:
@@ -111,15 +111,15 @@ def profile_from_dict(data, path: str = "") -> Profile:
     """A Profile from its JSON object; ValueError naming the first problem."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not a compute profile (format is not {FORMAT!r}): write one with `commcal profile`")
-    if data.get("version") != VERSION:
+    if data.get("version") != VERSION or isinstance(data.get("version"), bool):
         raise ValueError(f"profile version {data.get('version')!r}; this commcal reads version {VERSION}")
     kernels = data.get("kernels")
     if not isinstance(kernels, list):
         raise ValueError("kernels is not a list")
     ranks, per_node, hosts = data.get("ranks"), data.get("ranks_per_node"), data.get("hosts")
     for name, v in (("ranks", ranks), ("ranks_per_node", per_node)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_RANKS:
+            raise ValueError(f"{name} must be an integer from 1 to {MAX_RANKS}")
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise ValueError("hosts is not a list of names")
     texts = [data.get(k) for k in ("created", "allocator", "page_policy", "backend")]

@@ -1,6 +1,6 @@
-"""Read a JSON file a user hands us: a missing or unreadable file, or text that is not JSON (NaN and Infinity
-included where the file's writer never writes them; integers beyond a float's range; bytes that are not UTF-8; nesting too
-deep to parse), is one UsageError line naming the file and what it should be."""
+"""Read a JSON (or plain text) file a user hands us: a missing or unreadable file, or text that is not JSON (NaN and
+Infinity included where the file's writer never writes them; integers beyond a float's range; bytes that are not UTF-8;
+nesting too deep to parse), is one UsageError line naming the file and what it should be."""
 
 from __future__ import annotations
 
@@ -48,11 +48,9 @@ def directory_kind(path) -> str | None:
     return next((kind for name, kind in DIRECTORY_KINDS.items() if (p / name).is_file()), None)
 
 
-def read_json(path, what: str, shown=None, finite: bool = True):
-    """The parsed JSON of `path`, a file holding a `what` (e.g. "calibration"); `shown`: the name errors give it
-    (default the path); finite=False reads NaN and Infinity too (a run's records hold NaN where a statistic has no
-    value)."""
-    p, shown = Path(path), path if shown is None else shown
+def _read_bytes(p: Path, what: str, shown, kind: str) -> bytes:
+    """The bytes of `p`, at most MAX_FILE_BYTES of `kind` ("JSON", "text"); a directory, an unreadable file or more
+    is one UsageError line."""
     try:
         with open(p, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
@@ -61,12 +59,33 @@ def read_json(path, what: str, shown=None, finite: bool = True):
             raise UsageError(f"{shown}: {directory_kind(p) or 'a directory'}, not a {what}") from None
         raise UsageError(f"{shown}: cannot read {what} ({exc.strerror or exc})") from None
     if len(raw) > MAX_FILE_BYTES:
-        raise UsageError(f"{shown}: not a {what}: more than {MAX_FILE_BYTES >> 20} MiB of JSON")
+        raise UsageError(f"{shown}: not a {what}: more than {MAX_FILE_BYTES >> 20} MiB of {kind}")
+    return raw
+
+
+def _decode(raw: bytes, what: str, shown) -> str:
+    """`raw` as UTF-8 text; other bytes are one UsageError line."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_int=_bounded_int,
-                          **({"parse_constant": _reject_constant} if finite else {}))
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{shown}: not a {what}: not UTF-8 text (byte {exc.start})") from None
+
+
+def read_text(path, what: str, shown=None) -> str:
+    """The text of `path`, a file holding a `what` (e.g. "topology file"); `shown`: the name errors give it (default
+    the path). A missing, unreadable or oversized file, or bytes that are not UTF-8, are one UsageError line."""
+    p, shown = Path(path), path if shown is None else shown
+    return _decode(_read_bytes(p, what, shown, "text"), what, shown)
+
+
+def read_json(path, what: str, shown=None, finite: bool = True):
+    """The parsed JSON of `path`, a file holding a `what` (e.g. "calibration"); `shown`: the name errors give it
+    (default the path); finite=False reads NaN and Infinity too (a run's records hold NaN where a statistic has no
+    value)."""
+    p, shown = Path(path), path if shown is None else shown
+    text = _decode(_read_bytes(p, what, shown, "JSON"), what, shown)
+    try:
+        return json.loads(text, parse_int=_bounded_int, **({"parse_constant": _reject_constant} if finite else {}))
     except ValueError as exc:
         raise UsageError(f"{shown}: not valid JSON ({exc})") from None
     except RecursionError:

@@ -5,14 +5,16 @@ tree topology (topology.conf, or `scontrol show topology`, the same SwitchName=.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 from microbench.errors import UsageError
+from microbench.jsonfile import read_text
+from microbench.limits import MAX_RANKS
 from microbench.links import MAX_LEVEL, level_link
 
 
@@ -83,40 +85,52 @@ class Topology:
         return cls(str(data["source"]), tuple(tuple(tuple(g) for g in lv["groups"]) for lv in data["levels"]))
 
 
-def expand_hostlist(text: str) -> list[str]:
+def expand_hostlist(text: str, most: int = MAX_RANKS) -> list[str]:
     """Slurm's hostlist expression as names: node[1-3,7],gpu[01-02]x -> node1 node2 node3 node7 gpu01x gpu02x
-    (ranges keep their zero padding; several bracket groups in one name multiply)."""
+    (ranges keep their zero padding; several bracket groups in one name multiply). UsageError beyond `most` names:
+    no machine has MAX_RANKS nodes, and a mistyped range would fill memory with them."""
     names: list[str] = []
-    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
-        m = re.search(r"\[([^\]]*)\]", item)
-        if m is None:
-            if item.strip():
-                names.append(item.strip())
-            continue
-        head, tail = item[:m.start()], item[m.end():]
-        for part in m.group(1).split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdecimal() or (hi and not hi.isdecimal()):
-                raise UsageError(f"bad host range {part!r} in {text!r}")
-            hi = hi or lo
-            if int(hi) < int(lo):
-                raise UsageError(f"bad host range {part!r} in {text!r}")
-            width = len(lo) if lo.startswith("0") else 0
-            names += expand_hostlist(",".join(f"{head}{i:0{width}d}{tail}" for i in range(int(lo), int(hi) + 1)))
+    for item in (i.strip() for i in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)):
+        parts = re.split(r"\[([^\]]*)\]", item)          # text, group, text, ..., text
+        groups = [_ranges(g, text) for g in parts[1::2]]
+        if len(names) + math.prod(sum(len(r) for r, _ in g) for g in groups) > most:
+            raise UsageError(f"host list {text[:80]!r} names more than {MAX_RANKS} nodes in all")
+        expanded = [parts[0]] if item else []
+        for group, after in zip(groups, parts[2::2]):
+            numbers = [f"{i:0{width}d}" for r, width in group for i in r]
+            expanded = [f"{name}{n}{after}" for name in expanded for n in numbers]
+        names += expanded
     return names
+
+
+def _ranges(group: str, text: str) -> list[tuple[range, int]]:
+    """The ranges of one bracket group ('1-3,07') and the width each pads its numbers to (0: none)."""
+    out = []
+    for part in group.split(","):
+        lo, _, hi = part.partition("-")
+        hi = hi or lo
+        if not (lo.isdecimal() and hi.isdecimal() and max(len(lo), len(hi)) <= 18 and int(lo) <= int(hi)):
+            raise UsageError(f"bad host range {part!r} in {text[:80]!r}")
+        out.append((range(int(lo), int(hi) + 1), len(lo) if lo.startswith("0") else 0))
+    return out
 
 
 def parse_switches(text: str, where: str) -> list[Switch]:
     """The SwitchName lines of a topology.conf or of `scontrol show topology` (other keys, comments and other lines
-    are ignored)."""
-    switches = []
+    are ignored); at most MAX_RANKS names of nodes and switches in all."""
+    switches, named = [], 0
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
         if "SwitchName" not in fields:
             continue
-        switches.append(Switch(fields["SwitchName"], tuple(expand_hostlist(fields.get("Nodes", ""))),
-                               tuple(expand_hostlist(fields.get("Switches", "")))))
+        try:
+            nodes = tuple(expand_hostlist(fields.get("Nodes", ""), MAX_RANKS - named))
+            below = tuple(expand_hostlist(fields.get("Switches", ""), MAX_RANKS - named - len(nodes)))
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        switches.append(Switch(fields["SwitchName"], nodes, below))
+        named += len(nodes) + len(below)
     names = [s.name for s in switches]
     if len(set(names)) != len(names):
         raise UsageError(f"{where}: switch {next(n for n in names if names.count(n) > 1)!r} is named twice")
@@ -143,6 +157,8 @@ def tree(switches: list[Switch], source: str) -> Topology:
             raise UsageError(f"{source}: switches form a cycle through {name!r}")
         if name in level:
             return
+        if len(path) >= MAX_LEVEL:   # a chain this long is too high already; deeper, the recursion would overflow
+            raise UsageError(f"{source}: more than {MAX_LEVEL} switch levels; commcal names at most {MAX_LEVEL}")
         s = by_name[name]
         for child in s.switches:
             visit(child, (*path, name))
@@ -182,11 +198,7 @@ def tree(switches: list[Switch], source: str) -> Topology:
 def read_topology(path: str) -> Topology:
     """A topology file: Slurm's topology.conf syntax (SwitchName=... Nodes=... / Switches=...) or saved
     `scontrol show topology` output."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"--topology {path}: cannot read ({exc.strerror or exc})") from None
-    switches = parse_switches(text, path)
+    switches = parse_switches(read_text(path, "topology file", f"--topology {path}"), path)
     if not switches:
         raise UsageError(f"--topology {path}: no SwitchName= lines (expected Slurm's topology.conf syntax)")
     return tree(switches, path)

@@ -44,6 +44,9 @@ METRICS = {"kendall_tau": ("Kendall's tau", (-1, 1)), "top1": ("top-1 accuracy",
            "regret": ("regret of predicted best", None), "mean_accuracy": ("mean accuracy", (0, 1))}
 """The headline metrics drawn in the ranking panel: their titles and natural ranges (None: open-ended, from 0)."""
 SCOPES = (("", "end to end"), ("comm_", "communication only"))
+MAX_VALUE = 1e300
+"""The largest magnitude a summary's metric or step ratio may have: beyond it a figure's axis around it overflows a
+double (no score or ratio of real times comes near)."""
 TIME_LABEL = "time per step (ms)"
 MS = 1e3
 
@@ -96,6 +99,11 @@ class StepRatio:
     def label(self) -> str:
         return f"{self.op}/{self.link}"
 
+    @property
+    def bar(self) -> bool:
+        """Whether the quartiles hold the median, so that the figure can draw them as a bar around it."""
+        return self.q1 <= self.median <= self.q3
+
 
 @dataclass(frozen=True)
 class Validation:
@@ -111,11 +119,11 @@ class Validation:
 
 
 def _number(value, where: str, nullable: bool = False) -> float | None:
-    """A JSON number; null (and NaN) only where `nullable`, read as None."""
+    """A JSON number of at most MAX_VALUE in magnitude; null (and NaN) only where `nullable`, read as None."""
     if nullable and (value is None or (isinstance(value, float) and math.isnan(value))):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UsageError(f"{where} must be a finite number, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_VALUE:
+        raise UsageError(f"{where} must be a finite number (of magnitude {MAX_VALUE:g} at most), not {value!r}")
     return float(value)
 
 
@@ -223,6 +231,8 @@ def _read_strategies(path: Path) -> pd.DataFrame:
                              + ("" if col in REQUIRED else " (or be empty where unknown)"))
         if col.endswith("_s") and not values.dropna().between(0, MAX_SECONDS).all():
             raise UsageError(f"{path}: strategies column {col} must hold times of 0 to {MAX_SECONDS:g} s")
+    if "refined" in frame.columns and not pd.api.types.is_bool_dtype(frame["refined"]):
+        raise UsageError(f"{path}: strategies column refined must hold true or false in every row")
     return frame.astype({"layer": str, "strategy": str})
 
 
@@ -388,8 +398,8 @@ def step_ratio_figure(ratios: tuple[StepRatio, ...]):
     fig, (ax,) = new_figure(max(5.0, 0.7 * len(ratios) + 2.0), 4.2)
     links = list(dict.fromkeys(r.link for r in ratios))
     for i, r in enumerate(ratios):
-        ax.errorbar([i], [r.median], yerr=[[r.median - r.q1], [r.q3 - r.median]], marker="o", capsize=4,
-                    color=COLORS[links.index(r.link) % len(COLORS)])
+        ax.errorbar([i], [r.median], yerr=[[r.median - r.q1], [r.q3 - r.median]] if r.bar else None, marker="o",
+                    capsize=4, color=COLORS[links.index(r.link) % len(COLORS)])
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
     ax.set_xticks(range(len(ratios)), [r.label for r in ratios], rotation=30, ha="right", fontsize=8)
     ax.set_xlim(-0.6, len(ratios) - 0.4)
@@ -402,7 +412,7 @@ def layers_table(frame: pd.DataFrame) -> Table:
     """Per layer: the measured best strategy, the predicted best, the measured cost of trusting the prediction, and
     (where the table records it) how many near-best contenders validate timed again. Strategies tied for the
     predicted best count as analysis.ranking counts them: the slowest measured of them is the pick, and the
-    table says how many others tied."""
+    table says how many others tied. A measured best of 0 s leaves the regret n/a."""
     refined = "refined" in frame.columns
     rows = []
     for layer, part in frame.groupby("layer", sort=False):
@@ -410,8 +420,9 @@ def layers_table(frame: pd.DataFrame) -> Table:
         tied = part[part["predicted_s"] == part["predicted_s"].min()]
         pick = tied.loc[tied["measured_s"].idxmax()]
         name = pick["strategy"] + (f" (tied with {len(tied) - 1} more)" if len(tied) > 1 else "")
+        regret = f"{100 * (pick['measured_s'] / best['measured_s'] - 1):.1f}%" if best["measured_s"] > 0 else "n/a"
         rows.append((layer, str(len(part)), best["strategy"], f"{best['measured_s'] * MS:.4g}", name,
-                     f"{pick['measured_s'] * MS:.4g}", f"{100 * (pick['measured_s'] / best['measured_s'] - 1):.1f}%",
+                     f"{pick['measured_s'] * MS:.4g}", regret,
                      *((str(int(part["refined"].sum())),) if refined else ())))
     return Table("Per layer", ("layer", "strategies", "measured best", "its time (ms)", "predicted best",
                                "its measured time (ms)", "regret", *(("contenders refined",) if refined else ())),
@@ -459,6 +470,10 @@ def section(val: Validation | None, root: Path) -> Section:
                                "Measured over predicted time of each collective's steps per link class: the dot is "
                                "the median, the bar the quartiles; on the dashed line a step takes what the "
                                "calibration predicts.")]
+        barless = [r.label for r in val.step_ratios if not r.bar]
+        if barless:
+            blocks.append(Note(f"{len(barless)} collective step ratio(s) drawn without quartile bars, quartiles that "
+                               f"do not hold the median: {', '.join(barless)}."))
     if val.strategies is None:
         blocks.append(Note(f"{val.path}: no strategies table (strategies.parquet/.csv): no per-strategy figures."))
         return Section("validation", title, tuple(blocks))
