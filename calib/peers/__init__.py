@@ -3,6 +3,7 @@ calib.peers.rundir turns into a commcal run directory. Pure: no MPI."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from calib.peers import imb, nccl_tests, osu
@@ -12,6 +13,19 @@ from microbench.limits import MAX_FILE_BYTES
 READERS = (nccl_tests.read_json, nccl_tests.read_text, osu.read_text, imb.read_text)
 """Each returns None when the text is not its peer's, a PeerLog when it is, and raises (file:line) when it is its
 peer's but malformed."""
+STARTS = {"nccl-tests": re.compile(r"^# nThread "), "OSU": osu.TITLE, "IMB-MPI1": imb.BANNER}
+"""The line each peer's text output begins with, once per run: one log file holds one run."""
+
+
+def one_run(path: Path, text: str) -> None:
+    """The one-line error where `text` holds the output of two runs (two tools' or two tests' logs concatenated),
+    which a reader would read as one: the second's rows under the first's header, or the first's rows lost."""
+    starts = [(i, peer) for i, line in enumerate(text.splitlines(), 1) for peer, start in STARTS.items()
+              if start.search(line.strip())]
+    if len(starts) > 1:
+        (_, first), (at, second) = starts[:2]
+        raise fail(path, at, f"a second run's output ({second}) after the {first} one: give each run's log as its "
+                             "own file")
 
 
 def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
@@ -26,6 +40,7 @@ def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
     if len(raw) > MAX_FILE_BYTES:
         raise fail(path, 0, f"more than {MAX_FILE_BYTES >> 20} MiB: not a benchmark's log")
     text = raw.decode("utf-8", errors="replace")
+    one_run(path, text)
     for reader in READERS:
         log = reader(path, text, job)
         if log is not None:

@@ -56,7 +56,7 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
         elif body.startswith("(") and "additional processes" in body:
             largest = max(largest, procs + whole(path, i, body.strip("( ").split()[0], "additional processes"))
         elif line.startswith("#bytes"):
-            header = line.split()
+            header = _header(path, i, line)
         elif line and not line.startswith("#") and op is not None and header is not None:
             if "time-out" in line:      # IMB gave up on this size: its time limit ran out
                 skipped.append(f"{name} at {procs} processes, {line.split()[0]} bytes: IMB time-out (line {i})")
@@ -71,6 +71,16 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
                    skipped=tuple(skipped))
 
 
+def _header(path: Path, i: int, line: str) -> list[str]:
+    """A table's column names, or the one-line error for a header without #bytes and a time column (t_max[usec],
+    or PingPong's t[usec])."""
+    header = line.split()
+    if header[0] != "#bytes" or not {"t_max[usec]", "t[usec]"} & set(header):
+        raise fail(path, i, f"IMB table header {' '.join(header)!r} lacks a #bytes or a t_max[usec] or t[usec] "
+                            "column")
+    return header
+
+
 def _row(path: Path, i: int, line: str, header: list[str], name: str, op: str, procs: int,
          types: dict) -> list[PeerPoint]:
     """One table row as a point (none for the 0-byte row, which has no bytes to fit)."""
@@ -81,8 +91,6 @@ def _row(path: Path, i: int, line: str, header: list[str], name: str, op: str, p
         raise fail(path, i, f"expected {len(header)} columns ({' '.join(header)}), found {len(cells)}")
     row = dict(zip(header, cells))
     key = "t_max[usec]" if "t_max[usec]" in row else "t[usec]"
-    if key not in row:
-        raise fail(path, i, f"IMB {name} table without a t_max[usec] or t[usec] column")
     size = whole(path, i, row["#bytes"], "#bytes")
     if size == 0:
         return []

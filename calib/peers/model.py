@@ -81,7 +81,7 @@ def whole(path: str | Path, line: int, text: str, what: str) -> int:
     cell."""
     if not (text.isascii() and text.isdigit()):
         raise fail(path, line, f"{what} {text!r} is not a whole number")
-    if len(text) > 18 or int(text) > MAX_COUNT:
+    if len(text) > len(str(MAX_COUNT)) or int(text) > MAX_COUNT:   # length first: int() refuses 4300 digits
         raise fail(path, line, f"{what} {text} is too large (at most {MAX_COUNT})")
     return int(text)
 

@@ -10,11 +10,11 @@ device ...' lines (JSON: config.devices)."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
 from calib.peers.model import Job, PeerLog, PeerPoint, fail, number, whole
+from microbench.limits import MAX_COUNT, MAX_SECONDS
 
 TESTS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
          "alltoall": "alltoall", "broadcast": "bcast", "reduce": "reduce", "sendrecv": "sendrecv"}
@@ -100,23 +100,45 @@ def _text_row(path: Path, i: int, cells: list[str], names: list[str], op: str, p
     seconds = number(path, i, cells[times[half]], "time") * 1e-6
     wrong = cells[wrongs[half]]
     return PeerPoint(op, procs, size, _dtype(path, i, cells[2]), seconds, i,
-                     wrong=0 if wrong == "N/A" else int(number(path, i, wrong, "#wrong")))
+                     wrong=0 if wrong == "N/A" else whole(path, i, wrong, "#wrong"))
 
 
 def _positive(value) -> bool:
-    """Whether a JSON value is a finite number above 0 (a time)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    """Whether a JSON value is a time in microseconds a run holds: above 0, at most MAX_SECONDS (an integer beyond
+    would not fit a float)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS * 1e6
+
+
+def _count(value) -> bool:
+    """Whether a JSON value is a whole number a reader can hold, 0 to MAX_COUNT (nccl-tests prints counts as floats)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT and \
+        value == int(value)
 
 
 def _hosts(path: Path, config) -> tuple[str, ...]:
-    """Each rank's host, in rank order, from an nccl-tests JSON's config.devices, or the one-line error."""
+    """Each rank's host, in rank order, from an nccl-tests JSON's config.devices, or the one-line error: every rank
+    once, each with its host (a host missing or two devices of one rank would place ranks wrongly)."""
     devices = config.get("devices") if isinstance(config, dict) else None
     if not devices:
         raise fail(path, 1, "nccl-tests JSON without config.devices (the ranks that ran)")
-    if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("rank", 0), int)
+    if not isinstance(devices, list) or not all(isinstance(d, dict) and _count(d.get("rank", 0))
+                                                and isinstance(d.get("hostname"), str) and d["hostname"]
                                                 for d in devices):
-        raise fail(path, 1, "nccl-tests JSON's config.devices is not a list of objects with a whole rank")
-    return tuple(str(d.get("hostname", "")) for d in sorted(devices, key=lambda d: d.get("rank", 0)))
+        raise fail(path, 1, "nccl-tests JSON's config.devices is not a list of objects with a whole rank and a "
+                            "hostname")
+    ranks = sorted(int(d.get("rank", 0)) for d in devices)
+    if ranks != list(range(len(devices))):
+        raise fail(path, 1, f"nccl-tests JSON's config.devices gives ranks {ranks[:8]}, not 0 to {len(devices) - 1} "
+                            "once each")
+    return tuple(d["hostname"] for d in sorted(devices, key=lambda d: d.get("rank", 0)))
+
+
+def _list(path: Path, doc: dict, key: str, what: str) -> list:
+    """doc[key] as a list (absent or null: empty), or the one-line error."""
+    value = doc.get(key)
+    if not isinstance(value, (list, type(None))):
+        raise fail(path, 1, f"nccl-tests JSON's {key!r} is not a list ({what})")
+    return value or []
 
 
 def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
@@ -134,32 +156,35 @@ def read_json(path: Path, text: str, job: Job) -> PeerLog | None:
         return None
     if doc.get("version") != 3:
         raise fail(path, 1, f"nccl-tests JSON version {doc.get('version')!r}; commcal reads version 3")
-    args = [str(a) for a in doc.get("args") or []]
+    args = [str(a) for a in _list(path, doc, "args", "the command that names the test")]
     if not args:
         raise fail(path, 1, "nccl-tests JSON without 'args' (the command that names the test)")
     op = _op(path, 1, args[0])
     hosts = _hosts(path, doc.get("config"))
     half = "in_place" if job.in_place else "out_of_place"
     points, per_iteration = [], False
-    for k, row in enumerate(doc["results"] or []):
+    for k, row in enumerate(_list(path, doc, "results", "one object per size")):
         result = row.get(half) if isinstance(row, dict) else None
         if not isinstance(result, dict):
             raise fail(path, 1, f"results[{k}] has no {half} object")
         seconds = result.get("time", result.get("cpu_time"))
         if not _positive(seconds) or isinstance(row.get("size"), bool) or not isinstance(row.get("size"), int):
-            raise fail(path, 1, f"results[{k}] lacks a numeric size or a {half}.time above 0")
+            raise fail(path, 1, f"results[{k}] lacks a numeric size or a {half}.time above 0 "
+                                f"(at most {MAX_SECONDS:g} s)")
         per_iter = row.get(f"{half}_per_iter") or {}
         times = per_iter.get("times_us") if isinstance(per_iter, dict) else None
         if not isinstance(times or [], list) or not all(_positive(t) for t in times or []):
-            raise fail(path, 1, f"results[{k}].{half}_per_iter.times_us is not a list of times above 0")
+            raise fail(path, 1, f"results[{k}].{half}_per_iter.times_us is not a list of times above 0 "
+                                f"(at most {MAX_SECONDS:g} s)")
         samples = tuple(float(t) * 1e-6 for t in times or ())
         if row["size"] == 0:   # nccl-tests' -b 0 row: no message to time, as OSU and IMB's size 0
             continue
         per_iteration |= bool(samples)
-        wrong = result.get("nwrong")
-        wrong = int(wrong) if isinstance(wrong, (int, float)) else 0
+        wrong = result.get("nwrong", 0)
+        if not _count(wrong):
+            raise fail(path, 1, f"results[{k}].{half}.nwrong {wrong!r} is not a count of wrong elements")
         points.append(PeerPoint(op, len(hosts), int(row["size"]), _dtype(path, 1, str(row.get("type"))),
-                                float(seconds) * 1e-6, 1, samples, wrong))
+                                float(seconds) * 1e-6, 1, samples, int(wrong)))
     if not points:
         raise fail(path, 1, "nccl-tests JSON with no results")
     nccl = doc.get("nccl_version")

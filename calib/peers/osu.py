@@ -25,11 +25,19 @@ TESTS = {"Latency": "pingpong", "Bandwidth": "pingpong", "Bi-Directional Bandwid
 DTYPES = {"MPI_CHAR": "int8", "MPI_SIGNED_CHAR": "int8", "MPI_BYTE": "uint8", "MPI_INT": "int32",
           "MPI_FLOAT": "float32", "MPI_DOUBLE": "float64"}
 BANDWIDTH = "Bandwidth (MB/s)"
+LATENCY = ("Max Latency(us)", "Avg Latency(us)", "Latency (us)")
+"""The latency columns in the order kept: the slowest rank's where -f prints it, else the average."""
 
 
-def _columns(header: str) -> list[str]:
-    """'# Size   Avg Latency(us)   Min Latency(us)' -> ['Size', 'Avg Latency(us)', 'Min Latency(us)']."""
-    return re.split(r"\s{2,}", header.lstrip("#").strip())
+def _header(path: Path, line: int, text: str) -> tuple[list[str], str]:
+    """'# Size   Avg Latency(us)   Min Latency(us)' -> (['Size', 'Avg Latency(us)', 'Min Latency(us)'], the column
+    kept: 'Avg Latency(us)'), or the one-line error for a header without a Size and a time or bandwidth column."""
+    columns = re.split(r"\s{2,}", text.lstrip("#").strip())
+    kept = next((c for c in (BANDWIDTH, *LATENCY) if c in columns), None)
+    if columns[0] != "Size" or kept is None:
+        raise fail(path, line, f"OSU table header {', '.join(columns)!r} lacks a Size column or a latency or "
+                               "bandwidth column")
+    return columns, kept
 
 
 def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
@@ -51,38 +59,33 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
         raise fail(path, at, f"a collective of {job.world} process communicates with nobody: --procs or --hosts must "
                              "give the 2 or more processes that ran it")
     procs = 2 if p2p else job.world
-    dtype, header, points = "int8", None, []
+    dtype, header, kept, points = "int8", None, None, []
     for i, raw in enumerate(lines[at:], at + 1):
         line = raw.strip()
         if line.startswith("# Datatype:"):
             dtype = DTYPES.get(line.split(":", 1)[1].strip().rstrip("."), dtype)
         elif line.startswith("# Size"):
-            header = _columns(line)
+            header, kept = _header(path, i, line)
         elif line and not line.startswith("#") and header is not None:
             cells = line.split()
             if len(cells) != len(header):
                 raise fail(path, i, f"expected {len(header)} columns ({', '.join(header)}), found {len(cells)}")
-            row = dict(zip(header, cells))
-            size = whole(path, i, row["Size"], "size")
+            size = whole(path, i, cells[0], "size")
             if size == 0:
                 continue
-            if BANDWIDTH in row:
-                rate = number(path, i, row[BANDWIDTH], "bandwidth", "> 0") * 1e6
-                seconds = size * (2 if op == "sendrecv" else 1) / rate
+            value = dict(zip(header, cells))[kept]
+            if kept == BANDWIDTH:
+                seconds = size * (2 if op == "sendrecv" else 1) / (number(path, i, value, "bandwidth", "> 0") * 1e6)
             else:
-                key = "Max Latency(us)" if "Max Latency(us)" in row else next(
-                    (k for k in ("Avg Latency(us)", "Latency (us)") if k in row), None)
-                if key is None:
-                    raise fail(path, i - 1, f"no latency column among {', '.join(header)}")
-                seconds = number(path, i, row[key], "latency", "> 0") * 1e-6
+                seconds = number(path, i, value, "latency", "> 0") * 1e-6
             points.append(PeerPoint(op, procs, mpi_total_bytes(op, size, procs), dtype, seconds, i))
     if header is None or not points:
         raise fail(path, at, f"OSU {name} Test with no measurements under its title")
-    window = BANDWIDTH in header
+    window = kept == BANDWIDTH
     if window:
         statistic = "size / bandwidth: time per message with a window of messages in flight" + \
                     (" in both directions" if op == "sendrecv" else "")
-    elif "Max Latency(us)" in header:
+    elif kept == "Max Latency(us)":
         statistic = "slowest rank's mean over a back-to-back loop (OSU -f Max Latency)"
     else:
         statistic = "mean over a back-to-back loop" + ("" if p2p else " and over ranks (OSU Avg Latency)")

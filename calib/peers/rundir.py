@@ -6,7 +6,9 @@ median that is not one."""
 from __future__ import annotations
 
 import math
+import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from calib.peers.model import ITEMSIZE, PeerLog, PeerPoint, fail
+from calib.points import SECONDS
 from microbench.errors import UsageError
 from microbench.ops import OPS
 from microbench.links import LINK_CLASSES, link_of
 from microbench.records import RUN_SCHEMA, RUN_SCHEMA_VERSION, PointKey, PointSummary
-from microbench.limits import MAX_BYTES, MAX_RANKS, MAX_SECONDS
+from microbench.limits import MAX_BYTES, MAX_RANKS
 from microbench.stats import estimate
 from microbench.store import RunStore
 
@@ -109,38 +112,69 @@ def _summary(run_id: str, log: PeerLog, p: PeerPoint, where: Placement,
         flops_per_s=0.0), samples
 
 
-def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link: str | None, in_place: bool,
-              command_line: list[str]) -> dict:
-    """Write the run directory `out` from `logs` (one peer and method); returns its run.json. `hosts`: each rank's
-    host from --hosts (a log's own host list wins where it has one); `link`: --link."""
-    check_alike(logs)
-    store = RunStore(out)
-    if store.out.exists() and not store.out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
-    if store.out.exists() and any(store.out.iterdir()):
-        raise UsageError(f"--out {out} exists and is not empty; choose another directory")
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    first = logs[0]
-    # the second's stamp and a random tag: two imports within one second stay two runs
-    run_id = f"import-{first.peer}-{now.replace(':', '').replace('-', '')[:15]}-{secrets.token_hex(3)}"
-    rows, seen, ranks = [], {}, hosts
+def _rows(run_id: str, logs: list[PeerLog], hosts: tuple[str, ...], link: str | None,
+          in_place: bool) -> list[tuple[PointSummary, np.ndarray]]:
+    """Every log's points as summary rows and samples, or the one-line error for the first a run cannot hold (a count,
+    size or time out of bounds, a link class unknown, a point measured twice)."""
+    rows, seen = [], {}
+    low, high = SECONDS
     for log in logs:
-        ranks = log.hosts or hosts
         for p in log.points:
             if not (1 <= p.procs <= MAX_RANKS and 1 <= p.size_bytes <= MAX_BYTES):
                 raise fail(log.path, p.line, f"{p.procs} processes and {p.size_bytes} bytes: not what a run holds "
                                              f"(1 to {MAX_RANKS} processes, 1 to {MAX_BYTES} bytes)")
-            if not all(0 < t <= MAX_SECONDS for t in (p.seconds, *p.samples)):
-                raise fail(log.path, p.line, f"a time outside 0 to {MAX_SECONDS:g} s")
+            if not all(low <= t <= high for t in (p.seconds, *p.samples)):
+                raise fail(log.path, p.line, f"a time outside {low:g} to {high:g} s (the times a fit uses)")
             where = placement(p.procs, log.hosts or hosts, link, f"{log.path}:{p.line}")
             summary, samples = _summary(run_id, log, p, where, in_place)
             if summary.point_id in seen:
                 raise fail(log.path, p.line, f"measures {summary.point_id} again (first at {seen[summary.point_id]})")
             seen[summary.point_id] = f"{log.path}:{p.line}"
             rows.append((summary, samples))
-    store.prepare(resume=False)
-    for summary, samples in rows:
-        store.write_point(summary, samples, np.zeros(len(samples), dtype=np.int64))
+        if log.world is not None and not 1 <= log.world <= MAX_RANKS:
+            raise fail(log.path, 0, f"a job of {log.world} ranks: not what a run holds (1 to {MAX_RANKS})")
+    return rows
+
+
+def _write_whole(out: Path, rows: list[tuple[PointSummary, np.ndarray]], meta: dict) -> None:
+    """Write the run in a hidden directory beside `out`, then rename it to `out` (an empty one is replaced): an import
+    that fails part way (a full disk) leaves no run directory, nor a half-written one."""
+    target = Path(os.path.realpath(out))
+    stage = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        stage.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the run directory ({exc.strerror or exc})") from None
+    try:
+        store = RunStore(stage)
+        store.prepare(resume=False)
+        for summary, samples in rows:
+            store.write_point(summary, samples, np.zeros(len(samples), dtype=np.int64))
+        store.write_run(meta)
+        store.consolidate()
+        os.replace(stage, target)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write the run directory ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link: str | None, in_place: bool,
+              command_line: list[str]) -> dict:
+    """Write the run directory `out` from `logs` (one peer and method), whole or not at all; returns its run.json.
+    `hosts`: each rank's host from --hosts (a log's own host list wins where it has one); `link`: --link."""
+    check_alike(logs)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} exists and is not empty; choose another directory")
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    first = logs[0]
+    # the second's stamp and a random tag: two imports within one second stay two runs
+    run_id = f"import-{first.peer}-{now.replace(':', '').replace('-', '')[:15]}-{secrets.token_hex(3)}"
+    rows = _rows(run_id, logs, hosts, link, in_place)
+    ranks = logs[-1].hosts or hosts
     names = sorted(set(ranks))
     meta = {"schema": RUN_SCHEMA, "version": RUN_SCHEMA_VERSION, "run_id": run_id,
             "start_time": first.date or "unknown", "imported_utc": now, "machine": names[0] if names else "unknown",
@@ -151,6 +185,5 @@ def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link
             "command_line": command_line, "backend": first.backend, "timing_path": f"peer:{first.peer}",
             "timing_note": first.statistic, "options": {"cache": "warm", "in_place": in_place},
             "origin": origin(logs)}
-    store.write_run(meta)
-    store.consolidate()
+    _write_whole(out, rows, meta)
     return meta
