@@ -76,12 +76,13 @@ def commcal(*argv) -> Outcome:
     return capture(lambda: main([str(a) for a in argv]))
 
 
-def validate_loader(cal: Path, work: Path) -> Outcome:
-    """What `commcal validate CAL --quick` does with the calibration before MPI starts the harness, on a one-node
-    mesh of two ranks; a UsageError is its one line and exit 2, as the dispatcher makes it."""
+def validate_loader(cal: Path, work: Path, *argv) -> Outcome:
+    """What `commcal validate CAL ARGV` (default --quick) does before MPI starts the harness, on a one-node mesh of
+    two ranks; a UsageError is its one line and exit 2, as the dispatcher makes it."""
     def load() -> int:
         parser, _ = build_parser("validate")
-        args = parser.parse_args(["validate", str(cal), "--quick", "--out", str(work / "validation")])
+        args = parser.parse_args(["validate", str(cal), "--out", str(work / "validation"),
+                                  *(map(str, argv) if argv else ["--quick"])])
         try:
             cfg, layers, calibration = validate_cmd.prepare(args)
             validate_plan.plan(args, cfg, layers, calibration, parse_mesh("2", 2, 2))

@@ -13,7 +13,6 @@ import json
 import math
 import shutil
 import socket
-import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,14 +22,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import validate_cmd, validate_plan
-from analysis.mesh import parse_mesh
 from calib.synthetic import synthetic_calibration
 from conftest import run_cli, run_mpi
-from microbench.errors import UsageError
 from microbench.switches import Inferred, Topology
-from reports.cli import build_parser
-from test_readers_fuzz import Outcome, capture, commcal, empty, problems, put, set_in, without
+from test_readers_fuzz import Outcome, commcal, empty, problems, put, set_in, validate_loader, without
 
 SPEC = Path(__file__).parent.parent / "calib" / "selene.spec.json"
 LAYER = "linear:m=8,k=8,n=16"
@@ -231,22 +226,6 @@ PROFILE_CASES = [
 ]
 """test_kernel_profile.py checks each of a profile's values alone; these are a real profile's file damaged, and values
 that pass those checks but no writer of ours produces."""
-
-
-def validate_loader(cal: Path, work: Path, *argv) -> Outcome:
-    """What `commcal validate CAL ARGV` does before MPI starts the harness, on a one-node mesh of two ranks; a
-    UsageError is its one line and exit 2, as the dispatcher makes it."""
-    def load() -> int:
-        parser, _ = build_parser("validate")
-        args = parser.parse_args(["validate", str(cal), "--out", str(work / "validation"), *map(str, argv)])
-        try:
-            cfg, layers, calibration = validate_cmd.prepare(args)
-            validate_plan.plan(args, cfg, layers, calibration, parse_mesh("2", 2, 2))
-        except UsageError as exc:
-            print(f"commcal: error: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    return capture(load)
 
 
 def profile_readers(profile: Path, cal: Path, work: Path) -> dict[str, Outcome]:
