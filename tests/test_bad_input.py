@@ -4,6 +4,7 @@ front door, never a traceback, a hang or a file half written (the cases an audit
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -234,7 +235,6 @@ def test_the_documented_combinations_still_price(argv, cal, capsys):
 def test_reports_write_beside_their_inputs_and_name_a_validation(argv, says, cal, tmp_path, capsys):
     """report and diff never write into what they read (a run's points/ is every reader's), and a validation's
     directory, which holds a run.json of its own, is named as what it is; one line, exit 2, the run untouched."""
-    import shutil
     run, val = tmp_path / "run", tmp_path / "val"
     shutil.copytree(RUN, run)
     (run / "points").mkdir(exist_ok=True)

@@ -25,8 +25,8 @@ IMB = PEERS / "imb-2021.11" / "imb-mpi1-2ranks.txt"
 NCCL = PEERS / "nccl-tests-synthetic" / "all_reduce_perf-1node-2ranks.txt"
 NCCL_JSON = PEERS / "nccl-tests-synthetic" / "sendrecv_perf-2nodes-I.json"
 BANDWIDTH = PEERS / "osu-7.5" / "osu_bw.txt"
-FLAGS = {LATENCY: ["--link", "intra"], BANDWIDTH: ["--link", "intra"], ALLREDUCE: ["--link", "intra", "--procs", "2"], IMB: ["--link", "intra"],
-         NCCL: [], NCCL_JSON: []}
+FLAGS = {LATENCY: ["--link", "intra"], BANDWIDTH: ["--link", "intra"], ALLREDUCE: ["--link", "intra", "--procs", "2"],
+         IMB: ["--link", "intra"], NCCL: [], NCCL_JSON: []}
 
 
 @dataclass(frozen=True)
