@@ -208,16 +208,18 @@ def kernel(**values) -> Callable[[dict], dict]:
     return set_in(lambda p: p["kernels"][0], **values)
 
 
+def json_file_cases(unchanged: str, key: str) -> list[Case]:
+    """A JSON file's own damage, whatever it holds: read as written (`unchanged`), cut short, empty, not an object,
+    not UTF-8 (in the value of `key`), a directory in its place, nesting too deep to parse."""
+    return [Case(unchanged, lambda p, rng: None, says=""), Case("truncated", cut), Case("empty", text("")),
+            Case("not_object", text("[1]")), Case("not_utf8", text(b'{"' + key.encode() + b'": "\xff"}')),
+            Case("a_directory", a_directory), Case("deeply_nested", text("[" * 100000 + "]" * 100000))]
+
+
 PROFILE_CASES = [
-    Case("as_written", lambda p, rng: None, says=""),
-    Case("truncated", cut),
-    Case("empty", text("")),
-    Case("not_object", text("[1]")),
-    Case("not_utf8", text(b'{"format": "\xff"}')),
-    Case("a_directory", a_directory),
+    *json_file_cases("as_written", "format"),
     Case("nan", text('{"format": "commcal-profile", "version": 1, "ranks": NaN}')),
     Case("huge_integer", text('{"format": "commcal-profile", "version": 1, "ranks": 1' + "0" * 400 + "}")),
-    Case("deeply_nested", text("[" * 100000 + "]" * 100000)),
     Case("a_calibration", edit_json(put(format="commcal.calibration"))),
     Case("newer_version", edit_json(put(version=2))),
     Case("version_true", edit_json(put(version=True)), says="profile version True"),
@@ -300,16 +302,10 @@ def device(**values) -> Callable[[dict], dict]:
 
 
 SPEC_CASES = [
-    Case("as_shipped", lambda p, rng: None, says=""),
-    Case("truncated", cut),
-    Case("empty", text("")),
-    Case("not_object", text("[1]")),
-    Case("not_utf8", text(b'{"machine": "\xff"}')),
+    *json_file_cases("as_shipped", "machine"),
     Case("nan", lambda p, rng: p.write_text(p.read_text().replace('"efficiency": 0.65', '"efficiency": NaN'))),
-    Case("deeply_nested", text("[" * 100000 + "]" * 100000)),
     Case("huge_integer", lambda p, rng: p.write_text(p.read_text().replace('"devices": 8',
                                                                            '"devices": 1' + "0" * 400))),
-    Case("a_directory", a_directory),
     Case("missing_key", edit_json(without("device"))),
     Case("unknown_key", edit_json(put(colour="red"))),
     Case("newer_version", edit_json(put(version=2))),
