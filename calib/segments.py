@@ -170,9 +170,9 @@ def line_params(alg: Algorithm, pts: Points, method: str) -> Line:
 
 def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> tuple[np.ndarray, np.ndarray]:
     """(cost, priced) over size indices i..j: cost[i, j] the trimmed squared relative residuals of the least-squares
-    line, priced[i, j] whether that line prices every size the segment would cover (from the middle of the gap below
-    it to the middle of the gap above; calib.algorithms.segment_bounds) at a time of at least zero, at every process
-    count. Every (i, j) at once: 2x2 normal equations from prefix sums, then all residuals in one array."""
+    line, priced[i, j] whether that line prices every size the segment would cover (from where the one below hands
+    over to where the one above takes over; calib.algorithms.segment_bounds) at a time of at least zero, at every
+    process count. Every (i, j) at once: 2x2 normal equations from prefix sums, then all residuals in one array."""
     m = pts.n_sizes
     A = _design(alg, pts) / pts.seconds[:, None]
     norms = np.maximum(np.linalg.norm(A, axis=0), 1e-300)
@@ -194,7 +194,7 @@ def _segment_costs(alg: Algorithm, pts: Points, min_sizes: int) -> tuple[np.ndar
     low, high = np.full(m, np.inf), np.zeros(m)
     np.minimum.at(low, idx, pts.nbytes)
     np.maximum.at(high, idx, pts.nbytes)
-    gaps = np.sqrt(np.maximum(high[:-1], 1.0) * np.maximum(low[1:], 1.0))
+    gaps = segment_bounds(high, low)
     start, end = np.concatenate([low[:1], gaps]), np.concatenate([gaps, high[-1:]])
     a, b = alg.coefficients(np.unique(pts.procs))
     alpha, beta = c0 / norms[0], c1 / norms[1]

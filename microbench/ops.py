@@ -99,6 +99,10 @@ class Op:
         recv = block * procs if self.recv_blocks else block
         return Layout(requested_bytes, block * procs * itemsize, send, recv, block, itemsize)
 
+    def granule(self, procs: int, itemsize: int) -> int:
+        """The step between the sizes this operation measures at procs ranks: an element, or a block for every rank."""
+        return itemsize * (procs if self.send_blocks or self.recv_blocks else 1)
+
     def bytes_per_rank(self, size_bytes: int, procs: int) -> float:
         """What an optimal algorithm sends per rank: size * bus factor."""
         return size_bytes * self.bus_factor(procs)

@@ -2,7 +2,8 @@
 beta >= 0), so on one line t(n2) / t(n1) <= n2 / n1 for n1 < n2. Where the time between two adjacent measured sizes
 grows faster than the size, beyond both points' confidence intervals and by more than MATERIAL, no such line passes
 through both: the line changes inside the interval (a protocol or algorithm switch), and the fit prices every size
-there by extrapolation. The sweep measures the middle of each such interval (--bisect); the fit warns of those left."""
+there by extrapolation. The sweep measures the middle of each such interval (--bisect), and one element under its upper
+end where that is a power of two; the fit warns of those left with a size inside."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from microbench.ops import LOCAL_OPS, itemsize
+from microbench.ops import LOCAL_OPS, OPS, itemsize
 
 
 MATERIAL = 0.05
@@ -24,7 +25,8 @@ inside by less than the fit's held-out target (5% for sizes >= 4 KiB), while a r
 @dataclass(frozen=True)
 class HiddenChange:
     """An interval of adjacent measured sizes of one (op, link, procs) whose time grew faster than its size beyond
-    the CIs and by more than MATERIAL; `suggest_bytes`: the geometric middle in whole elements (None where no whole element lies between)."""
+    the CIs and by more than MATERIAL; `suggest`: the sizes to measure inside it (_inside; none where no size the
+    operation can measure lies between, and the change is located)."""
 
     op: str
     link: str
@@ -33,7 +35,7 @@ class HiddenChange:
     high_bytes: int
     time_ratio: float
     size_ratio: float
-    suggest_bytes: int | None
+    suggest: tuple[int, ...]
 
 
 def _per_size(df: pd.DataFrame) -> pd.DataFrame:
@@ -45,12 +47,16 @@ def _per_size(df: pd.DataFrame) -> pd.DataFrame:
     return rows.groupby("size_bytes").agg(seconds=("seconds", "median"), lo=("lo", "min"), hi=("hi", "max"))
 
 
-def _middle(low: int, high: int, element: int) -> int | None:
-    """The geometric middle of (low, high) rounded to whole elements, kept strictly inside; None if none fits."""
-    if high - low <= element:
-        return None
-    whole = int(round(math.sqrt(low * high) / element)) * element
-    return min(max(whole, low + element), high - element)
+def _inside(low: int, high: int, step: int) -> tuple[int, ...]:
+    """The sizes to measure inside (low, high), in whole steps (ops.Op.granule): its geometric middle, kept strictly
+    inside, and one step under `high` where that is a power of two: MPI libraries switch protocols and algorithms at
+    powers of two, often right at one, and a size just under it then shows whether the change lies there (a middle
+    alone never reaches it) or farther down. () where no whole step lies between: the change is located."""
+    if high - low <= step:
+        return ()
+    whole = int(round(math.sqrt(low * high) / step)) * step
+    middle = min(max(whole, low + step), high - step)
+    return tuple(sorted({middle, high - step if high & (high - 1) == 0 else middle}))
 
 
 def hidden_changes(points: pd.DataFrame) -> list[HiddenChange]:
@@ -63,12 +69,13 @@ def hidden_changes(points: pd.DataFrame) -> list[HiddenChange]:
     for (op, link, procs), df in comm.groupby(["op", "link", "procs"], sort=True):
         sizes = _per_size(df)
         element = itemsize(str(df["dtype"].iloc[0]))
+        step = OPS[op].granule(int(procs), element) if op in OPS else element
         rows = list(sizes.itertuples())
         for a, b in zip(rows, rows[1:]):
             n1, n2 = int(a.Index), int(b.Index)
             if b.lo > n2 / n1 * a.hi and b.seconds / a.seconds > n2 / n1 * (1 + MATERIAL):
                 out.append(HiddenChange(str(op), str(link), int(procs), n1, n2, float(b.seconds / a.seconds),
-                                        n2 / n1, _middle(n1, n2, element)))
+                                        n2 / n1, _inside(n1, n2, step)))
     return out
 
 
@@ -79,6 +86,6 @@ def middles(summary: pd.DataFrame, held_out: frozenset[int] = frozenset()) -> di
     rows = summary[~summary["requested_bytes"].isin(held_out)].rename(columns={"median_s": "seconds"})
     out: dict[tuple[str, str, int], list[int]] = {}
     for c in hidden_changes(rows):
-        if c.suggest_bytes is not None:
-            out.setdefault((c.op, c.link, c.procs), []).append(c.suggest_bytes)
+        if c.suggest:
+            out.setdefault((c.op, c.link, c.procs), []).extend(c.suggest)
     return out

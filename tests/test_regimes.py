@@ -36,11 +36,11 @@ def _points(tmp_path: Path, models: dict, seed: int = 1, noise: float = 0.03) ->
 
 def test_a_jump_inside_an_octave_is_flagged_and_named(tmp_path):
     """The step at 3000 B is found between 2048 and 4096 B at every process count, and nowhere else; the suggested
-    size is the geometric middle in whole float32 elements."""
+    sizes are the geometric middle in whole float32 elements and one element under the power of two that ends it."""
     changes = hidden_changes(_points(tmp_path, {("pingpong", "intra"): STEP, ("allreduce", "intra"): STEP}))
     assert {(c.op, c.procs) for c in changes} == {("pingpong", 2), ("allreduce", 2), ("allreduce", 4)}
     for c in changes:
-        assert (c.low_bytes, c.high_bytes, c.size_ratio, c.suggest_bytes) == (2048, 4096, 2.0, 2896)
+        assert (c.low_bytes, c.high_bytes, c.size_ratio, c.suggest) == (2048, 4096, 2.0, (2896, 4092))
         assert c.time_ratio == pytest.approx(2.9 / 1.2, rel=0.1)
 
 
@@ -71,7 +71,7 @@ def test_the_sweep_bisects_at_the_middle_of_each_flagged_interval_and_never_look
                             "size_bytes": [1024, 2048, 3072, 4096, 8192],
                             "median_s": [1.0e-6, 1.1e-6, 3.0e-6, 3.1e-6, 3.6e-6]})
     summary = summary.assign(ci_low_s=summary.median_s * 0.98, ci_high_s=summary.median_s * 1.02)
-    assert middles(summary, frozenset({3072})) == {("allreduce", "intra", 2): [2896]}
+    assert middles(summary, frozenset({3072})) == {("allreduce", "intra", 2): [2896, 4092]}
     assert middles(summary) == {("allreduce", "intra", 2): [2508]}             # the 2-3 KiB interval, where it lies
     assert middles(summary[summary.requested_bytes != 4096], frozenset({3072})) == {}   # 2 to 8 KiB: x2.2 for x4
 
@@ -87,7 +87,7 @@ def test_a_rise_beyond_the_cis_but_within_5_percent_of_the_size_is_not_a_change(
     points = lambda excess: rise(excess).rename(columns={"median_s": "seconds"})      # noqa: E731  (the fit's names)
     assert hidden_changes(points(0.03)) == [] and middles(rise(0.03)) == {}
     assert [(c.low_bytes, c.high_bytes) for c in hidden_changes(points(0.10))] == [(65536, 131072)]
-    assert middles(rise(0.10)) == {("pingpong", "inter", 2): [92680]}
+    assert middles(rise(0.10)) == {("pingpong", "inter", 2): [92680, 131068]}
 
 
 @pytest.mark.parametrize("step", [280_000, 300_000, 340_000, 450_000, 500_000])
@@ -115,8 +115,29 @@ def test_bisecting_twice_leaves_at_most_an_eighth_of_the_octave_priced_off_its_r
     for _ in range(2):
         sizes = sorted(set(sizes) | {n for found in middles(load_summary(run)).values() for n in found})
         after, run = off(sizes)
-    assert len(sizes) == len(grid) + 2, sizes
+    assert len(sizes) == len(grid) + 3, sizes          # pass 1: the middle and one element under 512 KiB
     assert after <= min(before, 1 / 8) + 1 / len(inside), (before, after, sizes)
+
+
+@pytest.mark.parametrize("power", [4096, 262144])
+def test_a_change_right_at_a_power_of_two_is_located_and_the_size_under_it_priced_on_its_own_side(tmp_path, power,
+                                                                                                  capsys):
+    """A protocol switch at exactly a power of two (slower from it on, as issue 31's reduce-scatter at 256 KiB): the
+    first pass measures one step under it beside the middle, which locates the change there, so the fit prices
+    that size on the fast side (a middle alone never reaches it: 58% off before), and the fit no longer warns."""
+    truth = {("reduce_scatter", "intra"): TrueModel((Segment(power, 4e-6, 2e-10), Segment(math.inf, 40e-6, 6e-10)))}
+    grid = [2 ** k for k in range(10, 21)]
+    sizes = list(grid)
+    for k in range(3):
+        run = write_synthetic_run(tmp_path / f"run{k}", truth, {"intra": [2]}, sizes=sizes, noise=0.02, seed=5)
+        sizes = sorted(set(sizes) | {n for found in middles(load_summary(run)).values() for n in found})
+    assert power - 8 in sizes, sizes                    # one step: a float32 block for each of 2 ranks
+    code, _, err = run_main(capsys, ["fit", str(run), "--out", str(tmp_path / "cal.json")])
+    assert code == 0 and "time grows faster than size" not in err, err
+    cal = load_calibration(tmp_path / "cal.json")
+    for n in (power - 8, power):
+        want = float(truth[("reduce_scatter", "intra")].seconds("reduce_scatter", 2, n))
+        assert cal.predict("reduce_scatter", "intra", 2, n).seconds == pytest.approx(want, rel=0.05), n
 
 
 def test_between_leaves_out_held_out_points_next_to_a_bisected_size():
@@ -158,7 +179,7 @@ def test_fit_warns_once_per_op_and_link_with_the_sizes_to_add(capsys, tmp_path):
     assert code == 0, err
     lines = [w for w in err.splitlines() if "time grows faster than size" in w]
     assert [w.split(":")[1].strip() for w in lines] == ["allreduce/intra", "pingpong/intra"]
-    assert all(w.startswith("WARNING: ") and "2048..4096 B" in w and "add 2896 to the sweep's --sizes" in w
+    assert all(w.startswith("WARNING: ") and "2048..4096 B" in w and "add 2896,4092 to the sweep's --sizes" in w
                and "--resume" in w for w in lines)
     assert "2048..4096 B at 2,4 ranks" in lines[0]
     assert [w for w in json.loads(cal.read_text())["warnings"] if "time grows faster" in w] == \
@@ -170,11 +191,13 @@ def test_fit_warns_once_per_op_and_link_with_the_sizes_to_add(capsys, tmp_path):
 
 def test_warnings_group_intervals_by_op_and_link():
     """Many intervals of one (op, link) make one line, each interval once with its process counts."""
-    changes = [HiddenChange("alltoall", "inter", p, lo, 2 * lo, 2.5, 2.0, int(lo * 1.414)) for lo in (2048, 65536)
+    changes = [HiddenChange("alltoall", "inter", p, lo, 2 * lo, 2.5, 2.0, (int(lo * 1.414),)) for lo in (2048, 65536)
                for p in (2, 4, 8)]
-    (line,) = change_warnings(changes)
+    located = HiddenChange("alltoall", "inter", 2, 262140, 262144, 3.0, 1.0, ())
+    (line,) = change_warnings(changes + [located])
     assert line.count("2048..4096 B at 2,4,8 ranks") == 1 and line.count("65536..131072 B at 2,4,8 ranks") == 1
-    assert "add 2895,92667 to the sweep's --sizes" in line
+    assert "add 2895,92667 to the sweep's --sizes" in line and "262140" not in line
+    assert change_warnings([located]) == []             # no whole element inside: located, nothing extrapolated
 
 
 def test_between_benchmark_sets_the_error_inside_flagged_intervals_beside_the_rest():
@@ -185,7 +208,7 @@ def test_between_benchmark_sets_the_error_inside_flagged_intervals_beside_the_re
     err = pd.DataFrame({"op": ["pingpong"] * 3 + ["bcast"], "link": ["intra"] * 4, "procs": [2] * 4,
                         "size": [2896, 4088, 11584, 2896], "cal_b": [0.5, 0.1, 0.03, 0.02],
                         "cal_a": [0.46, 0.04, 0.02, 0.03], "run_b": [0.02] * 4})
-    text = flagged(err, [HiddenChange("pingpong", "intra", 2, 2048, 4096, 2.4, 2.0, 2896)])
+    text = flagged(err, [HiddenChange("pingpong", "intra", 2, 2048, 4096, 2.4, 2.0, (2896, 4092))])
     rows = {line.split()[0]: line.split() for line in text.splitlines()[1:]}
     assert rows["pingpong"][2:] == ["25.0%", "2.0%", "2048..4096", "B"]
     assert rows["bcast"][2:] == ["-", "3.0%", "none"]
