@@ -454,8 +454,9 @@ def test_a_sweep_split_over_two_launches_records_each_launch_and_the_fit_their_s
 def test_bisection_measures_the_middle_of_a_flagged_interval_and_a_resumed_launch_finishes_it(tmp_path):
     """--bisect: where a run's time grows faster than its size between adjacent sizes (here a stored 4 KiB point made
     16x slower stands for the regime change), the sweep measures the interval's middle, as a point of its own beside
-    a held-out point at the same size, records it in bisect.json, and a resumed launch plans it again for its remaining
-    rounds without bisecting past --bisect passes."""
+    a held-out point at the same size, and one element under the power of two that ends it, records them in
+    bisect.json, and a resumed launch plans them again for their remaining rounds without bisecting past --bisect
+    passes."""
     out = tmp_path / "run"
     base = ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "1K,4K", "--held-out", "2K", "--retries", "0",
             "--point-budget", "0.05", "--min-samples", "6", "--target-ci", "0.5"]
@@ -466,16 +467,17 @@ def test_bisection_measures_the_middle_of_a_flagged_interval_and_a_resumed_launc
     slow.write_text(json.dumps(rec | {k: rec[k] * 16 for k in ("median_s", "ci_low_s", "ci_high_s")}))
     run_mpi(2, [*base, "--rounds", "1", "--bisect", "1", "--resume"], check=True)
     record = json.loads((out / "bisect.json").read_text())
-    assert record["passes"] == 1 and len(record["points"]) == 1, record
-    added = record["points"][0]
-    assert (added["op"], added["link"], added["procs"], added["pass"]) == ("pingpong", "intra", 2, 1)
-    # the interval's geometric middle (2048 B), one element off the held-out point there
-    assert 2048 < added["requested_bytes"] <= 2048 + 8, added
+    assert record["passes"] == 1 and len(record["points"]) == 2, record
+    added = sorted(record["points"], key=lambda pt: pt["requested_bytes"])
+    assert {(pt["op"], pt["link"], pt["procs"], pt["pass"]) for pt in added} == {("pingpong", "intra", 2, 1)}
+    # the interval's geometric middle (2048 B), one element off the held-out point there; one float32 under 4 KiB
+    assert 2048 < added[0]["requested_bytes"] <= 2048 + 8 and added[1]["requested_bytes"] == 4092, added
     proc = run_mpi(2, [*base, "--rounds", "2", "--bisect", "1", "--resume"], check=True)
-    assert "4 points (0 already done, 4 partly)" in proc.stdout, proc.stdout
+    assert "5 points (0 already done, 5 partly)" in proc.stdout, proc.stdout
     summary = load_summary(out).set_index("requested_bytes")
-    assert sorted(summary.index) == sorted([1024, 2048, 4096, added["requested_bytes"]])
-    assert summary.loc[added["requested_bytes"], "rounds"] == 2 and summary.loc[added["requested_bytes"], "launches"] == 2
+    assert sorted(summary.index) == sorted([1024, 2048, 4096, *(pt["requested_bytes"] for pt in added)])
+    for pt in added:
+        assert summary.loc[pt["requested_bytes"], ["rounds", "launches"]].tolist() == [2, 2], summary
     assert json.loads((out / "bisect.json").read_text()) == record                # no pass past --bisect 1
     options = read_run_json(out)["options"]
     assert options["bisect"] == 1 and options["held_out"] == [2048]
