@@ -500,6 +500,16 @@ def test_between_benchmark_measures_each_run_over_launches_as_sweep_sh_does(tmp_
             assert (summary.launches == launches).all() and (summary.rounds == 3).all(), summary
             by_round = samples.groupby("round")["launch"].agg(set)
             assert [by_round[r] for r in range(3)] == [{k} for k in rounds_of_launch]
+    # --rescore: the stored runs fitted and scored again, nothing measured: the same table; no stored run, one line
+    table = lambda text: [line for line in text.splitlines() if line.startswith(("op ", "pingpong "))]  # noqa: E731
+    again = subprocess.run([*argv, "--out", str(out), "--rescore"], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == proc.returncode and table(again.stdout) == table(proc.stdout), again.stdout + again.stderr
+    assert "each run:" not in again.stdout and load_summary(out / "B").equals(summary)
+    none = subprocess.run([*argv, "--out", str(tmp_path / "none"), "--rescore"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert none.returncode == 2 and none.stderr.strip().endswith("no run of this benchmark (run.json with its sizes "
+                                                                 "and held-out sizes) to rescore"), none.stderr
 
 
 def test_topology_file_is_recorded_and_bad_ones_are_one_line(tmp_path):
