@@ -504,7 +504,8 @@ def test_between_benchmark_measures_each_run_over_launches_as_sweep_sh_does(tmp_
     table = lambda text: [line for line in text.splitlines() if line.startswith(("op ", "pingpong "))]  # noqa: E731
     again = subprocess.run([*argv, "--out", str(out), "--rescore"], cwd=REPO, capture_output=True, text=True,
                            timeout=120)
-    assert again.returncode == proc.returncode and table(again.stdout) == table(proc.stdout), again.stdout + again.stderr
+    assert again.returncode == proc.returncode and table(again.stdout) == table(proc.stdout), \
+        again.stdout + again.stderr
     assert "each run:" not in again.stdout and load_summary(out / "B").equals(summary)
     none = subprocess.run([*argv, "--out", str(tmp_path / "none"), "--rescore"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
