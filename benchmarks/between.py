@@ -34,7 +34,8 @@ import pandas as pd
 
 from calib.calibration import load_calibration
 from calib.points import load_runs
-from microbench.records import load_summary
+from microbench.errors import UsageError
+from microbench.records import load_summary, read_run_json
 from microbench.regimes import HiddenChange, hidden_changes
 from microbench.sizes import format_size, parse_sizes
 from benchmarks import benchmark_parser
@@ -53,15 +54,15 @@ def between(grid: list[int]) -> list[int]:
     return sorted(s for s in out if s not in grid)
 
 
-def stored_sizes(run: Path) -> tuple[list[int] | None, list[int] | None]:
-    """(grid, between sizes) an earlier call swept run A at, from its run.json; (None, None) where it holds none."""
+def stored_sizes(run: Path) -> tuple[list[int], list[int]] | None:
+    """(grid, between sizes) an earlier call swept run A at (its run.json's sizes and held-out sizes); None where
+    `run` is no such run."""
     try:
-        options = json.loads((run / "run.json").read_text())["options"]
-        grid, held = [int(n) for n in options["sizes"]], [int(n) for n in options["held_out"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-    held_set = set(held)
-    return ([n for n in grid if n not in held_set], held) if grid and held else (None, None)
+        options = read_run_json(run)["options"]
+        grid, mids = [int(n) for n in options["sizes"]], [int(n) for n in options["held_out"]]
+    except (UsageError, KeyError, TypeError, ValueError):
+        return None
+    return (grid, mids) if grid and mids else None
 
 
 def local_launch() -> str:
@@ -193,18 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.launches < 1:
         ap.error("--rounds and --launches must be 1 or more")
     out, launch = Path(args.out), shlex.split(args.launch or local_launch())
-    grid, mids = stored_sizes(out / "A") if args.rescore else (parse_sizes(args.grid), None)
-    if grid is None:
+    stored = stored_sizes(out / "A") if args.rescore else None
+    if args.rescore and stored is None:
         print(f"{out / 'A'}: no run of this benchmark (run.json with its sizes and held-out sizes) to rescore",
               file=sys.stderr)
         return 2
-    mids = mids or between(grid)
+    grid = stored[0] if stored else parse_sizes(args.grid)
+    mids = stored[1] if stored else between(grid)
     print(f"grid {len(grid)} sizes {format_size(grid[0])}..{format_size(grid[-1])}; {len(mids)} between sizes")
     if not args.rescore:
         print(f"each run: {args.rounds} rounds over {min(args.launches, args.rounds)} launch(es)")
-    for name in ("A", "B") if not args.rescore else ():     # each run: the grid and the sizes between, as the
-        shutil.rmtree(out / name, ignore_errors=True)          # default path sweeps; measured afresh, never resumed
-        _sweep(launch, out / name, grid, mids, args)
+        for name in ("A", "B"):                # each run: the grid and the sizes between, as the default path sweeps
+            shutil.rmtree(out / name, ignore_errors=True)      # measured afresh, never resumed from an earlier call
+            _sweep(launch, out / name, grid, mids, args)
     grid_only(out / "A", out / "A-grid", set(mids))
     cal_path = out / "A-grid.json"
     subprocess.run([sys.executable, "-m", "reports.cli", "fit", str(out / "A-grid"), "--out", str(cal_path)],
