@@ -8,14 +8,15 @@ leaves no run directory, nor its hidden staging directory."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import run_main
-from microbench.store import RunStore
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
@@ -156,8 +157,30 @@ def write(path: Path, content: str | bytes | None) -> None:
 
 
 def left_behind(tmp_path: Path) -> list[str]:
-    """What an import left beside its logs: the run directory or a hidden staging one."""
-    return sorted(p.name for p in tmp_path.iterdir() if p.name == "out" or p.name.startswith(".out."))
+    """What an import left beside its log (peer.log): any run directory, staging directory or stray file."""
+    return sorted(p.name for p in tmp_path.iterdir() if p.name != "peer.log")
+
+
+CLEAN: dict[Path, set[tuple[str, float]]] = {}
+
+
+def imported(capsys, log: Path, out: Path, flags: list[str]) -> set[tuple[str, float]]:
+    """The (point_id, median_s) pairs `commcal import` of `log` writes into `out` (asserting it exits 0)."""
+    code, _, err = run_main(capsys, ["import", str(log), "--out", str(out), *flags])
+    assert code == 0 and err == "", err
+    summary = pd.read_parquet(out / "summary.parquet")
+    return set(zip(summary.point_id, summary.median_s))
+
+
+def clean(capsys, tmp_path: Path, log: Path) -> set[tuple[str, float]]:
+    """What the undamaged `log` imports as (once per log and session)."""
+    if log not in CLEAN:
+        CLEAN[log] = imported(capsys, log, tmp_path / "clean", FLAGS[log])
+    return CLEAN[log]
+
+
+NO_LINE = {"a directory", "empty", "binary", "UTF-16"}
+"""Cases refused before any line is read: the file as a whole (the JSON reader's errors name a field instead)."""
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -168,22 +191,37 @@ def test_damaged_logs_are_read_or_refused_in_one_line(capsys, tmp_path, name):
     code, stdout, err = run_main(capsys, ["import", str(log), "--out", str(tmp_path / "out"), *FLAGS[case.log]])
     if case.says is None:
         assert code == 0 and err == "" and (tmp_path / "out" / "run.json").is_file(), err
+        # the points of the clean log, at most the one a damage made unreadable (a size of 0) left out
+        got, want = imported(capsys, log, tmp_path / "again", FLAGS[case.log]), clean(capsys, tmp_path, case.log)
+        assert got <= want and len(got) >= len(want) - 1, sorted(want - got)
         return
     assert code == 2 and stdout == "" and err.count("\n") == 1, err
     assert f"{log}:" in err and case.says in err, err
+    if name not in NO_LINE and case.log != NCCL_JSON:
+        assert re.match(rf"commcal: error: {re.escape(str(log))}:[1-9]\d*: ", err), err
     assert left_behind(tmp_path) == [], left_behind(tmp_path)
 
 
 def test_an_import_that_fails_while_writing_leaves_no_directory(capsys, tmp_path, monkeypatch):
-    """A disk that fills while the run is written (here: consolidating) is one line, and neither the run directory
-    nor its staging directory stays: the run appears at --out whole or not at all."""
-    def full(self):
+    """A disk that fills while the run is written (here: its summary.parquet) is one line naming --out, not the hidden
+    staging directory, and neither stays: the run appears at --out whole or not at all. An existing empty --out is
+    written in place and left as it was found: there, empty, its mode kept."""
+    def full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(RunStore, "consolidate", full)
-    code, stdout, err = run_main(capsys, ["import", str(LATENCY), "--out", str(tmp_path / "out"), "--link", "intra"])
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
+    out = tmp_path / "out"
+    code, stdout, err = run_main(capsys, ["import", str(LATENCY), "--out", str(out), "--link", "intra"])
     assert code == 2 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert f"--out {out}: cannot write the run directory (summary.parquet" in err and ".out." not in err, err
     assert left_behind(tmp_path) == []
+    out.mkdir(mode=0o750)
+    code, stdout, err = run_main(capsys, ["import", str(LATENCY), "--out", str(out), "--link", "intra"])
+    assert code == 2 and f"--out {out}: cannot write the run directory" in err, err
+    assert left_behind(tmp_path) == ["out"] and list(out.iterdir()) == [] and out.stat().st_mode & 0o777 == 0o750
+    monkeypatch.undo()
+    code, _, err = run_main(capsys, ["import", str(LATENCY), "--out", str(out), "--link", "intra"])
+    assert code == 0 and (out / "summary.parquet").is_file() and out.stat().st_mode & 0o777 == 0o750, err
 
 
 def test_a_damaged_log_still_read_fits_and_reports_without_warnings(capsys, tmp_path, laid_out_only):

@@ -3,7 +3,6 @@ calib.peers.rundir turns into a commcal run directory. Pure: no MPI."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from calib.peers import imb, nccl_tests, osu
@@ -13,7 +12,7 @@ from microbench.limits import MAX_FILE_BYTES
 READERS = (nccl_tests.read_json, nccl_tests.read_text, osu.read_text, imb.read_text)
 """Each returns None when the text is not its peer's, a PeerLog when it is, and raises (file:line) when it is its
 peer's but malformed."""
-STARTS = {"nccl-tests": re.compile(r"^# nThread "), "OSU": osu.TITLE, "IMB-MPI1": imb.BANNER}
+STARTS = {"nccl-tests": nccl_tests.START, "OSU": osu.TITLE, "IMB-MPI1": imb.BANNER}
 """The line each peer's text output begins with, once per run: one log file holds one run."""
 
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from calib.peers.model import Job, PeerLog, PeerPoint, fail, mpi_total_bytes, number, whole
+from microbench.limits import MAX_RANKS
 
 BANNER = re.compile(r"Intel\(R\) MPI Benchmarks (\S+?),? MPI-1 part")
 BENCHMARKS = {"PingPong": "pingpong", "Sendrecv": "sendrecv", "Allreduce": "allreduce", "Allgather": "allgather",
@@ -21,6 +22,13 @@ BENCHMARKS = {"PingPong": "pingpong", "Sendrecv": "sendrecv", "Allreduce": "allr
 REDUCTIONS = ("allreduce", "reduce", "reduce_scatter")
 DTYPES = {"MPI_BYTE": "uint8", "MPI_CHAR": "int8", "MPI_FLOAT": "float32", "MPI_DOUBLE": "float64",
           "MPI_INT": "int32"}
+
+
+def _job(path: Path, line: int, ranks: int) -> int:
+    """The job's rank count so far, refused at the line that makes it more than any run holds."""
+    if ranks > MAX_RANKS:
+        raise fail(path, line, f"a job of {ranks} ranks: not what a run holds (1 to {MAX_RANKS})")
+    return ranks
 
 
 def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
@@ -52,9 +60,10 @@ def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
                 skipped.append(f"{name}: no commcal operation")
         elif body.startswith("#processes ="):
             procs = whole(path, i, body.split("=", 1)[1].strip(), "#processes")
-            largest = max(largest, procs)
+            largest = _job(path, i, max(largest, procs))
         elif body.startswith("(") and "additional processes" in body:
-            largest = max(largest, procs + whole(path, i, body.strip("( ").split()[0], "additional processes"))
+            largest = _job(path, i, max(largest, procs + whole(path, i, body.strip("( ").split()[0],
+                                                                  "additional processes")))
         elif line.startswith("#bytes"):
             header = _header(path, i, line)
         elif line and not line.startswith("#") and op is not None and header is not None:

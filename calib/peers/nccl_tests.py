@@ -29,6 +29,9 @@ WRONG = ("#wrong", "error")
 STATISTIC = "mean over a back-to-back loop of launches, averaged over ranks (nccl-tests time)"
 PER_ITERATION = "median over iterations of each iteration's slowest process (nccl-tests -I)"
 
+START = re.compile(r"^# nThread ")
+"""The line a run's text output begins with."""
+
 
 def _op(path: Path, line: int, program: str) -> str:
     """'./build/all_reduce_perf' -> 'allreduce', or the one-line error."""
@@ -54,7 +57,7 @@ def _dtype(path: Path, line: int, name: str) -> str:
 def read_text(path: Path, text: str, job: Job) -> PeerLog | None:
     """The nccl-tests table in `text`, or None when `text` has no nccl-tests header."""
     lines = text.splitlines()
-    if not any(line.startswith("# nThread ") or "out-of-place" in line for line in lines):
+    if not any(START.search(line) or "out-of-place" in line for line in lines):
         return None
     op, version, hosts, names, points = None, "unknown", {}, None, []
     header_at = 1

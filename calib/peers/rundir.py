@@ -136,15 +136,26 @@ def _rows(run_id: str, logs: list[PeerLog], hosts: tuple[str, ...], link: str | 
     return rows
 
 
+def _empty(directory: Path) -> None:
+    """Remove what a failed import wrote into `directory`, which it found empty."""
+    for child in directory.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 def _write_whole(out: Path, rows: list[tuple[PointSummary, np.ndarray]], meta: dict) -> None:
-    """Write the run in a hidden directory beside `out`, then rename it to `out` (an empty one is replaced): an import
-    that fails part way (a full disk) leaves no run directory, nor a half-written one."""
+    """Write the run whole or not at all: a new `out` as a hidden directory beside it, renamed into place; an existing
+    (empty) one in place, emptied again when the import fails part way (a full disk), so it keeps its owner and mode."""
     target = Path(os.path.realpath(out))
-    stage = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+    fresh = not target.exists()
+    stage = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp" if fresh else target
     try:
-        stage.mkdir(parents=True)
+        stage.mkdir(parents=True, exist_ok=not fresh)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot create the run directory ({exc.strerror or exc})") from None
+    done = False
     try:
         store = RunStore(stage)
         store.prepare(resume=False)
@@ -152,11 +163,17 @@ def _write_whole(out: Path, rows: list[tuple[PointSummary, np.ndarray]], meta: d
             store.write_point(summary, samples, np.zeros(len(samples), dtype=np.int64))
         store.write_run(meta)
         store.consolidate()
-        os.replace(stage, target)
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write the run directory ({exc.strerror or exc})") from None
+        if fresh:
+            os.replace(stage, target)
+        done = True
+    except (OSError, UsageError) as exc:       # atomic_write names the file it could not write: here, inside --out
+        why = exc.strerror or exc if isinstance(exc, OSError) else str(exc).replace(f"{stage}{os.sep}", "")
+        raise UsageError(f"--out {out}: cannot write the run directory ({why})") from None
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        if fresh:
+            shutil.rmtree(stage, ignore_errors=True)
+        elif not done:
+            _empty(target)
 
 
 def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link: str | None, in_place: bool,
