@@ -85,16 +85,18 @@ class Topology:
         return cls(str(data["source"]), tuple(tuple(tuple(g) for g in lv["groups"]) for lv in data["levels"]))
 
 
-def expand_hostlist(text: str, most: int = MAX_RANKS) -> list[str]:
+def expand_hostlist(text: str) -> list[str]:
     """Slurm's hostlist expression as names: node[1-3,7],gpu[01-02]x -> node1 node2 node3 node7 gpu01x gpu02x
-    (ranges keep their zero padding; several bracket groups in one name multiply). UsageError beyond `most` names:
-    no machine has MAX_RANKS nodes, and a mistyped range would fill memory with them."""
+    (ranges keep their zero padding; several bracket groups in one name multiply). UsageError for unbalanced
+    brackets, and beyond MAX_RANKS names: no machine has that many, and a mistyped range would fill memory."""
+    if not re.fullmatch(r"[^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*", text):   # '[' and ']' alternate, none nested
+        raise UsageError(f"unbalanced brackets in host list {text[:80]!r}")
     names: list[str] = []
     for item in (i.strip() for i in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)):
         parts = re.split(r"\[([^\]]*)\]", item)          # text, group, text, ..., text
         groups = [_ranges(g, text) for g in parts[1::2]]
-        if len(names) + math.prod(sum(len(r) for r, _ in g) for g in groups) > most:
-            raise UsageError(f"host list {text[:80]!r} names more than {MAX_RANKS} nodes in all")
+        if len(names) + math.prod(sum(len(r) for r, _ in g) for g in groups) > MAX_RANKS:
+            raise UsageError(f"host list {text[:80]!r} names more than {MAX_RANKS} hosts")
         expanded = [parts[0]] if item else []
         for group, after in zip(groups, parts[2::2]):
             numbers = [f"{i:0{width}d}" for r, width in group for i in r]
@@ -110,27 +112,31 @@ def _ranges(group: str, text: str) -> list[tuple[range, int]]:
         lo, _, hi = part.partition("-")
         hi = hi or lo
         if not (lo.isdecimal() and hi.isdecimal() and max(len(lo), len(hi)) <= 18 and int(lo) <= int(hi)):
-            raise UsageError(f"bad host range {part!r} in {text[:80]!r}")
+            raise UsageError(f"bad host range {part[:40]!r} in {text[:80]!r}")
         out.append((range(int(lo), int(hi) + 1), len(lo) if lo.startswith("0") else 0))
     return out
 
 
 def parse_switches(text: str, where: str) -> list[Switch]:
     """The SwitchName lines of a topology.conf or of `scontrol show topology` (other keys, comments and other lines
-    are ignored); at most MAX_RANKS names of nodes and switches in all."""
+    are ignored); at most MAX_RANKS names of nodes and switches in all, counted over every line."""
     switches, named = [], 0
-    for raw in text.splitlines():
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
         if "SwitchName" not in fields:
             continue
-        try:
-            nodes = tuple(expand_hostlist(fields.get("Nodes", ""), MAX_RANKS - named))
-            below = tuple(expand_hostlist(fields.get("Switches", ""), MAX_RANKS - named - len(nodes)))
-        except UsageError as exc:
-            raise UsageError(f"{where}: {exc}") from None
-        switches.append(Switch(fields["SwitchName"], nodes, below))
-        named += len(nodes) + len(below)
+        lists = []
+        for key in ("Nodes", "Switches"):   # the total checked after each list: memory holds at most 2 * MAX_RANKS
+            try:
+                lists.append(tuple(expand_hostlist(fields.get(key, ""))))
+            except UsageError as exc:
+                raise UsageError(f"{where}: {exc}") from None
+            named += len(lists[-1])
+            if named > MAX_RANKS:
+                raise UsageError(f"{where} names more than {MAX_RANKS} nodes and switches in all by line {number} "
+                                 f"(switch {fields['SwitchName'][:40]!r})")
+        switches.append(Switch(fields["SwitchName"], *lists))
     names = [s.name for s in switches]
     if len(set(names)) != len(names):
         raise UsageError(f"{where}: switch {next(n for n in names if names.count(n) > 1)!r} is named twice")
@@ -152,25 +158,29 @@ def tree(switches: list[Switch], source: str) -> Topology:
     level: dict[str, int] = {}
     under: dict[str, list[str]] = {}
 
+    def too_high() -> UsageError:
+        """The one refusal of a tree too high, whichever order its switches are listed in."""
+        return UsageError(f"{source}: more than {MAX_LEVEL} switch levels; commcal names at most {MAX_LEVEL}")
+
     def visit(name: str, path: tuple[str, ...]) -> None:
         if name in path:
             raise UsageError(f"{source}: switches form a cycle through {name!r}")
         if name in level:
             return
         if len(path) >= MAX_LEVEL:   # a chain this long is too high already; deeper, the recursion would overflow
-            raise UsageError(f"{source}: more than {MAX_LEVEL} switch levels; commcal names at most {MAX_LEVEL}")
+            raise too_high()
         s = by_name[name]
         for child in s.switches:
             visit(child, (*path, name))
         level[name] = 1 + max((level[c] for c in s.switches), default=0)
+        if level[name] > MAX_LEVEL:  # a chain listed bottom-up: each switch's children were visited already
+            raise too_high()
         below = [n for c in s.switches for n in under[c]]
         under[name] = below + [n for n in s.nodes if n not in below]
 
     for s in switches:
         visit(s.name, ())
     height = max(level.values())
-    if height > MAX_LEVEL:
-        raise UsageError(f"{source}: {height} switch levels; commcal names at most {MAX_LEVEL}")
     parent: dict[str, str] = {}
     for s in switches:
         for child in s.switches:

@@ -19,6 +19,7 @@ from calib.points import load_runs
 from calib.synthetic import synthetic_calibration, write_synthetic_run
 from conftest import run_cli
 from microbench.errors import UsageError
+from microbench.limits import MAX_RANKS
 from microbench.links import fallback, level_link, link_level, links_for
 from microbench.switches import Topology, expand_hostlist, infer_levels, parse_switches, read_topology, tree
 from microbench.topology import group_for, parse_links, tiles
@@ -42,6 +43,12 @@ def test_hostlists_expand_as_slurm_writes_them():
     assert expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
     with pytest.raises(UsageError, match="bad host range"):
         expand_hostlist("node[3-1]")
+    with pytest.raises(UsageError, match="unbalanced brackets in host list 'n\\[1-3'"):
+        expand_hostlist("n[1-3")
+    # the cap is per list: exactly MAX_RANKS names expand, one more is refused before any is made
+    assert len(expand_hostlist(f"n[1-{MAX_RANKS}]")) == MAX_RANKS
+    with pytest.raises(UsageError, match=f"names more than {MAX_RANKS}"):
+        expand_hostlist(f"n[1-{MAX_RANKS + 1}]")
 
 
 def test_topology_conf_and_scontrol_output_give_the_same_levels(tmp_path):

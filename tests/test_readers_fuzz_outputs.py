@@ -24,6 +24,7 @@ import pytest
 
 from calib.synthetic import synthetic_calibration
 from conftest import run_cli, run_mpi
+from microbench.links import MAX_LEVEL
 from microbench.switches import Inferred, Topology
 from test_readers_fuzz import Outcome, commcal, empty, problems, put, set_in, validate_loader, without
 
@@ -49,6 +50,16 @@ class Case:
             return [f"{name} refused what it should read: {o.stderr}" for name, o in outcomes.items() if o.code]
         return [f"{name} did not refuse it with {self.says!r}: exit {o.code}, {o.stderr!r}"
                 for name, o in outcomes.items() if o.code != 2 or self.says not in o.stderr]
+
+
+SHORT = 300
+"""A refusal's line, the input's path taken out, is shorter than this: a line a user reads, not the input echoed."""
+
+
+def long_refusals(outcomes: dict[str, Outcome], path: Path) -> list[str]:
+    """The readers whose refusal of `path` runs past SHORT characters with the path taken out (it echoed the input)."""
+    return [f"{name} refused it in {len(o.stderr.replace(str(path), ''))} characters: {o.stderr[:200]!r}..."
+            for name, o in outcomes.items() if o.code == 2 and len(o.stderr.replace(str(path), "")) >= SHORT]
 
 
 def damaged(base: Path, case: Case, where: Path) -> Path:
@@ -143,7 +154,8 @@ VALIDATION_CASES = [
     Case("summary_layers_wrong_types", at(SUMMARY, edit_json(put(layers={"a": [1], "b": {"x": 2}})))),
     Case("summary_by_link_wrong_types", at(SUMMARY, edit_json(put(by_link={"intra": {"strategies": -1,
                                                                                       "comm_mean_accuracy": 5}})))),
-    Case("summary_ratios_beyond_any_axis", at(SUMMARY, edit_json(ratios(median=1e308, quartiles=[-1e308, 1e308])))),
+    Case("summary_ratios_beyond_any_axis", at(SUMMARY, edit_json(ratios(median=1e308, quartiles=[-1e308, 1e308]))),
+         says="of magnitude"),
     Case("summary_ratios_wrong_types", at(SUMMARY, edit_json(ratios(op=None, steps=2.5, quartiles="x")))),
     Case("summary_ratios_bad_verdict", at(SUMMARY, edit_json(ratios(verdict=3, slow_steps=-1)))),
     Case("summary_ratios_not_list", at(SUMMARY, edit_json(put(step_ratios={"a": 1})))),
@@ -224,16 +236,17 @@ PROFILE_CASES = [
     Case("newer_version", edit_json(put(version=2))),
     Case("version_true", edit_json(put(version=True)), says="profile version True"),
     Case("missing_keys", edit_json(without("hosts", "created", "cpu_steal"))),
-    Case("older_without_cpu_steal", edit_json(without("cpu_steal"))),
+    Case("older_without_cpu_steal", edit_json(without("cpu_steal")), says=""),
     Case("ranks_beyond_any_job", edit_json(put(ranks=10 ** 30, ranks_per_node=10 ** 30)),
          says="ranks must be an integer from 1 to"),
     Case("no_kernels", edit_json(put(kernels=[]))),
     Case("kernel_beyond_any_time", edit_json(kernel(median_s=1e300)), says="median_s must be a positive number"),
     Case("every_kernel_beyond_any_time", edit_json(lambda p: p | {"kernels": [
-        k | {"median_s": 1e308} for k in p["kernels"]]})),
+        k | {"median_s": 1e308} for k in p["kernels"]]}), says="median_s must be a positive number"),
     Case("kernel_infinite", lambda p, rng: p.write_text(p.read_text().replace('"median_s": ', '"median_s": 1e999, '
-                                                                                 '"x": ', 1))),
-    Case("kernel_tiny", edit_json(kernel(median_s=5e-324))),
+                                                                                 '"x": ', 1)),
+         says="median_s must be a positive number"),
+    Case("kernel_tiny", edit_json(kernel(median_s=5e-324)), says=""),
     Case("kernel_shape_beyond_any", edit_json(kernel(operands=[[2 ** 62, 2 ** 62]], out=[2 ** 62]))),
     Case("kernel_unknown_dtype", edit_json(kernel(dtype="int4", expr=""))),
     Case("kernels_twice", edit_json(lambda p: p | {"kernels": p["kernels"] * 2})),
@@ -254,13 +267,15 @@ def profile_readers(profile: Path, cal: Path, work: Path) -> dict[str, Outcome]:
 
 MORE = "names more than"
 """What a topology file naming more nodes than any machine has is refused with."""
+DEEP = f"more than {MAX_LEVEL} switch levels"
+"""What a switch chain deeper than commcal names is refused with, whichever order its lines list it in."""
 TOPOLOGY_CASES = [
     Case("as_written", lambda p, rng: None, says=""),
     Case("truncated", cut),
     Case("empty", text("")),
     Case("not_utf8", text(b"SwitchName=s1 Nodes=\xff\xfe\n"), says="not UTF-8"),
-    Case("binary", text(bytes(range(256)) * 4)),
-    Case("a_directory", a_directory),
+    Case("binary", text(bytes(range(256)) * 4), says="not UTF-8"),
+    Case("a_directory", a_directory, says="a directory, not a topology file"),
     Case("cycle", text("SwitchName=a Switches=b\nSwitchName=b Switches=a\n")),
     Case("unknown_switch", text("SwitchName=a Switches=zz\n")),
     Case("named_twice", text("SwitchName=a Nodes=n1\nSwitchName=a Nodes=n2\n")),
@@ -275,11 +290,13 @@ TOPOLOGY_CASES = [
     Case("ranges_multiplying_beyond_any_machine", text("SwitchName=a Nodes=r[1-2000]n[1-2000]\n"), says=MORE),
     Case("lines_adding_up_beyond_any_machine", text("SwitchName=a Nodes=n[1-600000]\n"
                                                     "SwitchName=b Nodes=m[1-600000]\n"), says=MORE),
-    Case("unclosed_bracket", text("SwitchName=a Nodes=n[1-3\n")),
+    Case("unclosed_bracket", text("SwitchName=a Nodes=n[1-3\n"), says="unbalanced brackets in host list"),
     Case("too_deep", text("".join(f"SwitchName=s{i} Switches=s{i + 1}\n" for i in range(40))
-                          + "SwitchName=s40 Nodes=n1\n")),
+                          + "SwitchName=s40 Nodes=n1\n"), says=DEEP),
     Case("very_deep", text("".join(f"SwitchName=s{i} Switches=s{i + 1}\n" for i in range(5000))
-                           + "SwitchName=s5000 Nodes=n1\n"), says="switch levels"),
+                           + "SwitchName=s5000 Nodes=n1\n"), says=DEEP),
+    Case("very_deep_listed_bottom_up", text("SwitchName=s5000 Nodes=n1\n" + "".join(
+        f"SwitchName=s{i} Switches=s{i + 1}\n" for i in reversed(range(5000)))), says=DEEP),
     Case("switch_without_nodes", text("SwitchName=a\nSwitchName=b Nodes=n1,n2\n")),
     Case("empty_names", text("SwitchName= Nodes=\nSwitchName=b Nodes=,,\n")),
     Case("control_characters", text("SwitchName=a\x00 Nodes=n\x1b1,n2\n")),
@@ -388,8 +405,10 @@ def ids(case: Case) -> str:
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", VALIDATION_CASES, ids=ids)
 def test_every_reader_survives_a_damaged_validation(case, base_validation, tmp_path, laid_out_only):
-    outcomes = validation_readers(damaged(base_validation, case, tmp_path), tmp_path)
+    path = damaged(base_validation, case, tmp_path)
+    outcomes = validation_readers(path, tmp_path)
     assert not problems(outcomes) + case.unmet(outcomes)
+    assert not long_refusals(outcomes, path)
     if case.page is not None:
         assert outcomes["report"].code == 0, outcomes["report"].stderr
         page = (tmp_path / "report" / "report.html").read_text()
@@ -399,20 +418,26 @@ def test_every_reader_survives_a_damaged_validation(case, base_validation, tmp_p
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", PROFILE_CASES, ids=ids)
 def test_every_reader_survives_a_damaged_profile(case, base_profile, out_cal, tmp_path):
-    outcomes = profile_readers(damaged(base_profile, case, tmp_path), out_cal, tmp_path)
+    path = damaged(base_profile, case, tmp_path)
+    outcomes = profile_readers(path, out_cal, tmp_path)
     assert not problems(outcomes) + case.unmet(outcomes)
+    assert not long_refusals(outcomes, path)
 
 
 @pytest.mark.parametrize("case", TOPOLOGY_CASES, ids=ids)
 def test_every_reader_survives_a_damaged_topology(case, base_topology, tmp_path):
-    outcomes = topology_readers(damaged(base_topology, case, tmp_path), tmp_path)
+    path = damaged(base_topology, case, tmp_path)
+    outcomes = topology_readers(path, tmp_path)
     assert not problems(outcomes) + case.unmet(outcomes)
+    assert not long_refusals(outcomes, path)
 
 
 @pytest.mark.parametrize("case", SPEC_CASES, ids=ids)
 def test_every_reader_survives_a_damaged_spec(case, tmp_path):
-    outcomes = spec_readers(damaged(SPEC, case, tmp_path), tmp_path)
+    path = damaged(SPEC, case, tmp_path)
+    outcomes = spec_readers(path, tmp_path)
     assert not problems(outcomes) + case.unmet(outcomes)
+    assert not long_refusals(outcomes, path)
 
 
 @pytest.mark.mpi
