@@ -90,6 +90,7 @@ CASES = {
     "a column added": Case(LATENCY, rows(lambda r: [x + "  7" for x in r]), "expected 2 columns"),
     "OSU header misnamed": Case(LATENCY, lambda t: t.replace("# Size ", "# Sizes"), "lacks a Size column"),
     "IMB header misnamed": Case(IMB, lambda t: t.replace("#bytes", "#bytesX"), "lacks a #bytes"),
+    "IMB a column added": Case(IMB, rows(lambda r: [x + "  7" for x in r]), "expected 4 columns"),
     "nccl-tests columns lost": Case(NCCL, rows(lambda r: [" ".join(x.split()[:9]) for x in r]), "expected 13"),
     # numbers
     "time as text": Case(LATENCY, cell(1, "abc"), "'abc' is not a number"),

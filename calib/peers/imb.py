@@ -96,7 +96,7 @@ def _row(path: Path, i: int, line: str, header: list[str], name: str, op: str, p
     if procs < 1:
         raise fail(path, i, f"IMB {name} row before its '#processes' line")
     cells = line.split()
-    if len(cells) < len(header):
+    if len(cells) != len(header):
         raise fail(path, i, f"expected {len(header)} columns ({' '.join(header)}), found {len(cells)}")
     row = dict(zip(header, cells))
     key = "t_max[usec]" if "t_max[usec]" in row else "t[usec]"
