@@ -205,8 +205,8 @@ def test_damaged_logs_are_read_or_refused_in_one_line(capsys, tmp_path, name):
 
 def test_an_import_that_fails_while_writing_leaves_no_directory(capsys, tmp_path, monkeypatch):
     """A disk that fills while the run is written (here: its summary.parquet) is one line naming --out, not the hidden
-    staging directory, and neither stays: the run appears at --out whole or not at all. An existing empty --out is
-    written in place and left as it was found: there, empty, its mode kept."""
+    staging directory, and neither stays, nor the parents made for a new --out: the run appears at --out whole or not
+    at all. An existing empty --out is written in place and left as it was found: there, empty, its mode kept."""
     def full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
@@ -216,6 +216,10 @@ def test_an_import_that_fails_while_writing_leaves_no_directory(capsys, tmp_path
     assert code == 2 and err.count("\n") == 1 and "No space left on device" in err, err
     assert f"--out {out}: cannot write the run directory (summary.parquet" in err and ".out." not in err, err
     assert left_behind(tmp_path) == []
+    nested = tmp_path / "new" / "parents" / "out"
+    code, stdout, err = run_main(capsys, ["import", str(LATENCY), "--out", str(nested), "--link", "intra"])
+    assert code == 2 and f"--out {nested}: cannot write the run directory" in err, err
+    assert left_behind(tmp_path) == [], "the parents made for a new --out stay only with the run"
     out.mkdir(mode=0o750)
     code, stdout, err = run_main(capsys, ["import", str(LATENCY), "--out", str(out), "--link", "intra"])
     assert code == 2 and f"--out {out}: cannot write the run directory" in err, err

@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 from dataclasses import dataclass
+from itertools import takewhile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -145,15 +146,26 @@ def _empty(directory: Path) -> None:
             child.unlink(missing_ok=True)
 
 
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove the parents a failed import made for a new --out, deepest first, while they are empty."""
+    for d in directories:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
 def _write_whole(out: Path, rows: list[tuple[PointSummary, np.ndarray]], meta: dict) -> None:
     """Write the run whole or not at all: a new `out` as a hidden directory beside it, renamed into place; an existing
     (empty) one in place, emptied again when the import fails part way (a full disk), so it keeps its owner and mode."""
     target = Path(os.path.realpath(out))
     fresh = not target.exists()
     stage = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp" if fresh else target
+    made = list(takewhile(lambda d: not d.exists(), (target.parent, *target.parent.parents)))  # deepest first
     try:
         stage.mkdir(parents=True, exist_ok=not fresh)
     except OSError as exc:
+        _remove_empty(made)
         raise UsageError(f"--out {out}: cannot create the run directory ({exc.strerror or exc})") from None
     done = False
     try:
@@ -174,6 +186,8 @@ def _write_whole(out: Path, rows: list[tuple[PointSummary, np.ndarray]], meta: d
             shutil.rmtree(stage, ignore_errors=True)
         elif not done:
             _empty(target)
+        if not done:
+            _remove_empty(made)
 
 
 def write_run(out: str | Path, logs: list[PeerLog], hosts: tuple[str, ...], link: str | None, in_place: bool,
