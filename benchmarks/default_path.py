@@ -49,18 +49,30 @@ def _cluster(env: dict, *args: str, timeout: float = 300) -> str:
     return proc.stdout
 
 
-def _job(env: dict, work: Path, script: str, nodes: int, per_node: int, extra: dict[str, str], limit_s: int) -> None:
-    """sbatch a script of slurm/ with these variables and wait for it; a failed job ends the benchmark."""
+def _job(env: dict, work: Path, script: str, nodes: int, per_node: int, extra: dict[str, str], limit_s: int,
+         resubmits: int = 0) -> None:
+    """sbatch a script of slurm/ with these variables and wait for it. A job that hits its time limit is submitted
+    again, up to `resubmits` times, as its docs tell a user (finished points are kept, and the next job resumes);
+    any other failure ends the benchmark."""
     t0 = time.monotonic()
-    job = _cluster({**env, **extra}, "sbatch", "--parsable", f"-N{nodes}", f"--ntasks-per-node={per_node}",
-                   f"--chdir={work}", "-t", str(limit_s // 60 + 1), "-o", f"{Path(script).stem}-%j.out",
-                   str(REPO / "slurm" / script)).strip().split(";")[0]
-    try:
-        _cluster(env, "wait", job, str(limit_s), timeout=limit_s + 60)
-    except subprocess.CalledProcessError:
-        log = next(work.glob(f"{Path(script).stem}-{job}.out"), None)
-        print(log.read_text()[-3000:] if log else "(no job output)", file=sys.stderr)
-        raise
+    minutes = -(-limit_s // 60)
+    for attempt in range(resubmits + 1):
+        job = _cluster({**env, **extra}, "sbatch", "--parsable", f"-N{nodes}", f"--ntasks-per-node={per_node}",
+                       f"--chdir={work}", "-t", str(minutes), "-o", f"{Path(script).stem}-%j.out",
+                       str(REPO / "slurm" / script)).strip().split(";")[0]
+        # Slurm ends the job at its limit and then waits its KillWait (30 s by default) before TIMEOUT shows
+        wait_s = minutes * 60 + 120
+        try:
+            _cluster(env, "wait", job, str(wait_s), timeout=wait_s + 60)
+            break
+        except subprocess.CalledProcessError as exc:
+            if f"job {job} TIMEOUT" in (exc.stdout or "") and attempt < resubmits:
+                print(f"  job {job}: {script} hit its {minutes} min limit; submitted again to resume "
+                      f"({attempt + 1} of {resubmits})", flush=True)
+                continue
+            log = next(work.glob(f"{Path(script).stem}-{job}.out"), None)
+            print(log.read_text()[-3000:] if log else "(no job output)", file=sys.stderr)
+            raise
     print(f"  job {job}: {script} ({time.monotonic() - t0:.0f} s)", flush=True)
 
 
@@ -73,7 +85,7 @@ def one_rate(rate: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[
     try:
         cal = work / "calibration.json"
         _job(env, work, "sweep.sh", args.nodes, args.tasks_per_node, {"COMMCAL_CALIBRATION": str(cal)},
-             args.sweep_limit)
+             args.sweep_limit, args.resubmits)
         mesh = args.mesh or (f"{args.nodes}x{args.tasks_per_node}" if args.tasks_per_node > 1 else str(args.nodes))
         layers = " ".join(f"--layer {spec}" for spec in args.layer or LAYERS)
         runs = []
@@ -105,10 +117,14 @@ def _bench(argv) -> int:
                                                                      "shapes no test uses)")
     p.add_argument("--repeat", type=int, default=2, help="validates per rate (at least 2: the repeat is the ceiling)")
     p.add_argument("--sweep-limit", type=int, default=3600, help="seconds the sweep job may take")
+    p.add_argument("--resubmits", type=int, default=2, help="times a sweep job that hits its limit is submitted again "
+                                                            "to resume (default 2)")
     p.add_argument("--validate-limit", type=int, default=1200, help="seconds each validate job may take")
     args = p.parse_args(argv)
     if args.repeat < 2:
         p.error("--repeat must be at least 2")
+    if args.resubmits < 0 or args.sweep_limit < 1 or args.validate_limit < 1:
+        p.error("--resubmits must be at least 0, the limits at least 1 s")
     out = Path(args.out)
     rows = {}
     for rate in args.rates.split(","):
