@@ -64,6 +64,9 @@ def main(args, cfg, layers, cal) -> int:
     slowdown = memcopy.alias_slowdown() if world.rank == 0 else None
     if slowdown is not None and (warning := memcopy.advice(slowdown)):
         say(f"warning: {warning}", flush=True)
+    sharing = provenance.cpu_sharing(world)
+    if sharing:
+        say(f"warning: {provenance.sharing_text(sharing)}", flush=True)
     rows, steps = [], []
     counters = provenance.cpu_counters()
     try:
@@ -105,7 +108,7 @@ def main(args, cfg, layers, cal) -> int:
     if world.rank == 0:
         _write(args, cfg, mesh, hosts, pd.DataFrame(rows), pd.DataFrame(steps, columns=STEP_COLUMNS), cal, steal,
                {"allocator": allocator, "page_policy": pages, "memcpy_alias_slowdown": round(slowdown, 2),
-                "calibration_advice": advice, "profile": profile}, fallbacks)
+                "cpu_sharing": sharing, "calibration_advice": advice, "profile": profile}, fallbacks)
     return 0
 
 
@@ -236,6 +239,8 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
                   "calibration_advice: ways the calibration was made that are known to rank strategies worse than "
                   "the default path (a quick preset, one MPI launch between nodes, no after-compute models), and a "
                   "network's compute priced without a compute profile",
+                  "cpu_sharing: where ranks outnumbered the CPUs of one machine, the most ranks and the CPUs they "
+                  "shared (null: a CPU per rank); their steps then run over their price by scheduling alone",
                   "memcpy_alias_slowdown: how many times slower a 128 KiB host copy ran with its destination 16 B "
                   "past its source modulo 4 KiB than 2 KiB past (microbench.memcopy); above 2, step times depend "
                   "on where buffers lie"]})

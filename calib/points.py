@@ -16,7 +16,7 @@ from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS, known_dtype
 from microbench.provenance import STEAL_WARN
-from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS
+from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_RANKS, MAX_SECONDS
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
 from microbench.threads import GPU_BACKENDS
@@ -93,6 +93,20 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
     return [f"{run_dir}: the hypervisor took {f:.0%} of {host}'s CPU time while it was measured (cpu_steal); its "
             f"times, intra-node ones most, are inflated: sweep again when the machine is quieter"
             for host, f in steal.items() if isinstance(f, (int, float)) and STEAL_WARN < f <= 1]
+
+
+def _sharing_warnings(meta: dict, run_dir: Path) -> list[str]:
+    """A line where run.json records more ranks than CPUs on one machine (cpu_sharing, since the sweep records it)."""
+    share = meta.get("cpu_sharing")
+    if not isinstance(share, dict):
+        return []
+    ranks, cpus = share.get("ranks"), share.get("cpus")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_RANKS for v in (ranks, cpus)) \
+            or ranks <= cpus:
+        return []
+    return [f"{run_dir}: {ranks} ranks shared {cpus} CPU(s) of one machine while it was measured (cpu_sharing): "
+            "its groups were priced one at a time, and steps that keep every rank busy run slower than that; sweep "
+            "with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)"]
 
 
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:
@@ -228,7 +242,8 @@ def _one_run(run_dir: Path) -> tuple[pd.DataFrame, dict, list[str], dict | None]
     pts["run_id"] = run_id
     backend = meta.get("backend") if isinstance(meta.get("backend"), str) else "mpi"
     pts["backend"] = pts["backend"].fillna(backend).astype(str)
-    return pts, _provenance(meta, run_dir, run_id), dropped + _steal_warnings(meta, run_dir), _levels(meta, run_dir)
+    warnings = dropped + _steal_warnings(meta, run_dir) + _sharing_warnings(meta, run_dir)
+    return pts, _provenance(meta, run_dir, run_id), warnings, _levels(meta, run_dir)
 
 
 def _levels(meta: dict, run_dir: Path) -> dict | None:

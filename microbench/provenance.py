@@ -8,6 +8,7 @@ import re
 import socket
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
@@ -92,6 +93,35 @@ def host_steal(comm, hosts: list[str], before: tuple[int, ...] | None) -> dict[s
 def steal_text(steal: dict[str, float | None]) -> str:
     """'node1 2.7%, node2 3.1%' ('unknown' where a host could not tell)."""
     return ", ".join(f"{h} {'unknown' if f is None else f'{100 * f:.1f}%'}" for h, f in steal.items())
+
+
+def _kernel_id() -> str:
+    """This kernel's boot id: one per machine, shared by network-namespace nodes on it (the host name otherwise)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def cpu_sharing(comm) -> dict | None:
+    """Where ranks outnumber the CPUs they may run on (collective; every rank gets it): for the machine whose ranks
+    most outnumber them, {"ranks": n, "cpus": c}, the union of those ranks' CPU affinities; None where every rank
+    has a CPU of its own. Ranks of one kernel share its CPUs, whatever host names their namespaces give them."""
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    machines: dict[str, tuple[int, set]] = {}
+    for kernel, cpus in comm.allgather((_kernel_id(), mine)):
+        ranks, union = machines.get(kernel, (0, set()))
+        machines[kernel] = (ranks + 1, union | set(cpus))
+    worst = max(machines.values(), key=lambda m: m[0] / max(len(m[1]), 1))
+    return {"ranks": worst[0], "cpus": len(worst[1])} if worst[0] > len(worst[1]) else None
+
+
+def sharing_text(sharing: dict) -> str:
+    """cpu_sharing's finding as one warning."""
+    return (f"{sharing['ranks']} ranks share {sharing['cpus']} CPU(s) of one machine: each collective then also waits "
+            "for its members to be scheduled in turn, a cost that moves with what the other ranks do and that a "
+            "machine with a core per rank does not have; give each rank a core of its own to calibrate or validate "
+            "(docs/troubleshooting.md#more-ranks-than-cores)")
 
 
 def machine_name(hosts: list[str]) -> str:

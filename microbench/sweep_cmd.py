@@ -312,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
     points = sweep.plan(cfg, hosts, extra)          # with the sizes earlier launches bisected at
     timer, timing_note = backend.make_timer(world, args.timing)
     gpus = backend.devices(world)                  # collective: every rank reports its device
+    sharing = provenance.cpu_sharing(world)
     if world.rank == 0:
         slowdown = memcopy.alias_slowdown()
         meta = provenance.run_metadata(
@@ -327,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         meta["memcpy_alias_slowdown"] = round(slowdown, 2)
         meta["topology"] = topology.to_json()
         meta["mpi_thread_level"] = record(threads)
+        meta["cpu_sharing"] = sharing
         run_id, launch = meta["run_id"], len(meta["resumed_at"])
         left_out = [op.name for op in parse_ops(args.ops) if op not in cfg.ops] if cfg.after_gemm else []
         store.start(meta)
@@ -341,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         if warning := memcopy.advice(slowdown):
             print(f"warning: {warning}", flush=True)
+        if sharing:
+            print(f"warning: {provenance.sharing_text(sharing)}", flush=True)
     else:
         run_id, done, launch = None, {}, 0
     run_id, done, launch = world.bcast((run_id, done, launch), root=0)

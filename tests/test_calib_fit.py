@@ -420,6 +420,22 @@ def test_fit_warns_about_each_host_the_hypervisor_took_much_cpu_time_from(tmp_pa
     assert not [w for w in fit_calibration(load_runs([str(run)]))["warnings"] if "cpu_steal" in w]
 
 
+def test_fit_warns_about_a_sweep_whose_ranks_outnumbered_a_machines_cpus(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", {("allreduce", "intra"): TRUTH[("allreduce", "intra")]},
+                              {"intra": [2]}, samples=5, seed=1)
+    meta = json.loads((run / "run.json").read_text())
+
+    def sharing(value) -> list[str]:
+        (run / "run.json").write_text(json.dumps(meta | {"cpu_sharing": value}))
+        return [w for w in fit_calibration(load_runs([str(run)]))["warnings"] if "cpu_sharing" in w]
+
+    said = sharing({"ranks": 4, "cpus": 2})
+    assert len(said) == 1 and "4 ranks shared 2 CPU(s) of one machine" in said[0] and str(run) in said[0], said
+    for value in (None, {"ranks": 2, "cpus": 2}, {"ranks": True, "cpus": 0}, {"ranks": 10 ** 30, "cpus": 1}, "4/2",
+                  {"ranks": 4.0, "cpus": 2}, {"cpus": 2}, [4, 2]):      # a core per rank, or nothing a sweep writes
+        assert sharing(value) == [], value
+
+
 def test_between_size_benchmark_scores_the_calibration_at_sizes_the_fit_never_saw():
     """benchmarks.between: its sizes lie strictly between the grid's, and its table compares the calibration's
     error against the other run with the run-against-run error, per operation."""

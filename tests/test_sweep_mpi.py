@@ -69,6 +69,12 @@ def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
     assert "OMPI_ALLOW_RUN_AS_ROOT" in meta["environment"]
     assert set(meta["cpu_steal"]) == set(meta["hosts"]) and all(0 <= f <= 1 for f in meta["cpu_steal"].values())
     assert "allreduce" in proc.stdout and "done" in proc.stdout and "(steal): " in proc.stdout
+    cpus = len(os.sched_getaffinity(0))                 # unbound ranks may run on what this process may
+    if ranks > cpus:                                    # ranks time-share the cores: recorded, and said
+        assert meta["cpu_sharing"] == {"ranks": ranks, "cpus": cpus}, meta["cpu_sharing"]
+        assert f"warning: {ranks} ranks share {cpus} CPU(s) of one machine" in proc.stdout, proc.stdout
+    elif not os.environ.get("MPIEXEC"):                 # a launcher of the user's may bind ranks to fewer cores
+        assert meta["cpu_sharing"] is None and "ranks share" not in proc.stdout, proc.stdout
 
 
 def test_python_timing_path_is_recorded(tmp_path):

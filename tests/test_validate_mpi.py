@@ -4,6 +4,7 @@ reads, a link class the calibration lacks is one warning and a summary record (-
 one line with exit 2, and benchmarks.validate runs its control mesh."""
 
 import json
+import os
 from pathlib import Path
 import shlex
 import shutil
@@ -85,6 +86,11 @@ def test_every_strategy_is_numerically_correct(tmp_path, ranks, mesh):
     assert len(comm) and (comm["measured_comm_s"] > 0).all() and (comm["predicted_comm_s"] > 0).all()
     assert (frame.loc[frame["comm_steps"] == 0, "measured_comm_s"] == 0).all()
     assert "numerics ok" in proc.stdout and "the calibration does not say" in proc.stdout
+    sharing, cpus = json.loads((out / "summary.json").read_text())["cpu_sharing"], len(os.sched_getaffinity(0))
+    if ranks > cpus:                            # ranks time-share the cores: recorded, and said
+        assert sharing == {"ranks": ranks, "cpus": cpus} and f"{ranks} ranks share {cpus} CPU(s)" in proc.stdout
+    elif not os.environ.get("MPIEXEC"):         # a launcher of the user's may bind ranks to fewer cores
+        assert sharing is None and "ranks share" not in proc.stdout, proc.stdout
     steps = pd.read_parquet(out / "steps.parquet")
     per = steps.groupby(["layer", "strategy"]).apply(lambda g: (g["op"] != "compute").sum() - (g["op"].isin(
         ["slice", "partial", "relabel"])).sum(), include_groups=False)
