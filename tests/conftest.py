@@ -35,15 +35,16 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-def mpiexec_argv(n: int) -> list[str]:
-    """The launcher for n local ranks: $MPIEXEC if set, else the mpirun next to this Python."""
+def mpiexec_argv(n: int, bind: str = "none") -> list[str]:
+    """The launcher for n local ranks: $MPIEXEC if set, else the mpirun next to this Python, its ranks bound to
+    `bind` (none: unbound, as ranks that outnumber the cores must be; core: a core each)."""
     custom = os.environ.get("MPIEXEC")
     if custom:
         return [*shlex.split(custom), "-n", str(n)]
     mpirun = shutil.which("mpirun", path=str(VENV_BIN)) or shutil.which("mpirun")
     if mpirun is None:
         pytest.fail("no mpirun: run ./bootstrap.sh test, which installs one")
-    return [mpirun, "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+    return [mpirun, "-n", str(n), "--oversubscribe", "--bind-to", bind]
 
 
 def commcal_argv() -> list[str]:

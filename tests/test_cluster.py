@@ -22,11 +22,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import ranking
 from analysis.attribution import OFF_PRICE
 from calib.points import load_runs
 from benchmarks import validate as bench_validate
 from conftest import REPO, VENV_BIN, run_cli
+from repeats import ACCURACY_MARGIN, RANK_MARGIN, Validates
 from test_pipeline import FAST as TRAINING_FAST
 from test_pipeline import MODEL as TRAINING_MODEL
 from microbench import memcopy
@@ -315,29 +315,6 @@ def test_sbatch_sweep_sh_calibrates_the_injected_bandwidth_and_resumes(resumed_s
     assert intra > 2 * bw, "shared memory within a node should beat the rate-limited link"
 
 
-@dataclass(frozen=True)
-class Validates:
-    """Two validates of one calibration (slurm/validate.sh or bench_validate): each run's metrics and strategies."""
-
-    metrics: list[dict]
-    tables: list[pd.DataFrame]
-
-    def against_repeat(self, name: str, margin: float) -> list[str]:
-        """Per validate, the calibration's `name` beside the other validate's as its prediction; lines that end
-        in MISSED where the calibration does worse by more than `margin` (higher is better but for the metrics
-        bench_validate.TARGETS bounds from above)."""
-        lower = any(n == name and op == "<=" for n, op, _ in bench_validate.TARGETS)
-        lines = []
-        for a, b in ((0, 1), (1, 0)):
-            repeat = ranking.flat(ranking.frame_scores(ranking.repeat_frame(self.tables[b], self.tables[a]), 3, 0, 0))
-            cal, rep = self.metrics[a][name]["value"], repeat[name]["value"]
-            worse = rep - cal if lower else cal - rep
-            lines.append(f"validate {a + 1}: {name} calibration {cal:.4f}, validate {b + 1} {rep:.4f}, "
-                         f"margin {margin}" + ("" if worse >= -margin else "  MISSED"))
-        print("\n".join(lines))
-        return lines
-
-
 @pytest.fixture(scope="module")
 def validates(cluster, resumed_sweep) -> Validates:
     metrics, tables = [], []
@@ -360,11 +337,6 @@ def validates(cluster, resumed_sweep) -> Validates:
         metrics.append(summary["metrics"])
         tables.append(pd.read_parquet(out / "strategies.parquet"))
     return Validates(metrics, tables)
-
-
-# How much worse than a second validate the calibration may rank a validate's strategies (comm Kendall tau): the
-# noise of one validate against another, plus that of the sweep, one more launch.
-RANK_MARGIN = 0.15
 
 
 @pytest.mark.long
@@ -487,12 +459,6 @@ def control(cluster, resumed_sweep) -> Control:
     return Control(Validates([json.loads((r / "summary.json").read_text())["metrics"] for r in runs],
                              [pd.read_parquet(r / "strategies.parquet") for r in runs]), proc.stdout, runs, sweeps,
                    resumed_sweep.calibration)
-
-
-# How much worse than a second validate the calibration may price a validate's communication (comm mean accuracy)
-# before a miss of the target is the calibration's: the calibration comes from one more launch than the repeat, and
-# over 26 stored control validates of 2026-11-27/28 it scored 0.005-0.022 below the repeat (median 0.011).
-ACCURACY_MARGIN = 0.03
 
 
 def test_inter_node_control_prices_strategies_within_the_targets(control):
