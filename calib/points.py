@@ -15,8 +15,8 @@ from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS, known_dtype
-from microbench.provenance import STEAL_WARN
-from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_RANKS, MAX_SECONDS
+from microbench.provenance import STEAL_WARN, recorded_sharing
+from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
 from microbench.threads import GPU_BACKENDS
@@ -97,16 +97,12 @@ def _steal_warnings(meta: dict, run_dir: Path) -> list[str]:
 
 def _sharing_warnings(meta: dict, run_dir: Path) -> list[str]:
     """A line where run.json records more ranks than CPUs on one machine (cpu_sharing, since the sweep records it)."""
-    share = meta.get("cpu_sharing")
-    if not isinstance(share, dict):
+    share = recorded_sharing(meta.get("cpu_sharing"))
+    if share is None:
         return []
-    ranks, cpus = share.get("ranks"), share.get("cpus")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_RANKS for v in (ranks, cpus)) \
-            or ranks <= cpus:
-        return []
-    return [f"{run_dir}: {ranks} ranks shared {cpus} CPU(s) of one machine while it was measured (cpu_sharing): "
-            "its groups were priced one at a time, and steps that keep every rank busy run slower than that; sweep "
-            "with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)"]
+    return [f"{run_dir}: {share['ranks']} ranks shared {share['cpus']} CPU(s) of one machine while it was measured "
+            "(cpu_sharing): its groups were priced one at a time, and steps that keep every rank busy run slower "
+            "than that; sweep with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)"]
 
 
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from microbench.limits import MAX_RANKS
+
 ENV_PREFIXES = ("OMPI_", "PRTE_", "PMIX_", "UCX_", "NCCL_", "SLURM_", "MPICH_", "I_MPI_", "CUDA_", "OPENBLAS_",
                 "OMP_", "MKL_", "GLIBC_")
 """Environment recorded with every run: MPI, fabric, GPU and BLAS settings, and glibc tunables (memcpy's
@@ -114,6 +116,17 @@ def cpu_sharing(comm) -> dict | None:
         machines[kernel] = (ranks + 1, union | set(cpus))
     worst = max(machines.values(), key=lambda m: m[0] / max(len(m[1]), 1))
     return {"ranks": worst[0], "cpus": len(worst[1])} if worst[0] > len(worst[1]) else None
+
+
+def recorded_sharing(value) -> dict | None:
+    """A cpu_sharing value as a file holds it, if it is one cpu_sharing() writes ({"ranks": n, "cpus": c} with
+    n > c >= 1, both whole numbers of ranks a job can have); None for anything else."""
+    if not isinstance(value, dict):
+        return None
+    ranks, cpus = value.get("ranks"), value.get("cpus")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_RANKS for v in (ranks, cpus)):
+        return None
+    return {"ranks": ranks, "cpus": cpus} if ranks > cpus else None
 
 
 def sharing_text(sharing: dict) -> str:

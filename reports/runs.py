@@ -14,6 +14,7 @@ from microbench.links import is_link
 from microbench.records import (as_numbers, byte_sizes, load_summary, points_note, positive, read_run_json,
                                screen, whole)
 from microbench.limits import MAX_BYTES
+from microbench.provenance import recorded_sharing, sharing_text
 
 NEEDED = ("run_id", "point_id", "backend", "op", "link", "procs", "dtype", "size_bytes", "median_s")
 CI = ("ci_low_s", "ci_high_s")
@@ -97,6 +98,8 @@ def load_runs(paths: list[str | Path]) -> RunSet:
         runs.append(Run(path, meta))
         frames.append(frame)
         notes += why
+        if share := recorded_sharing(meta.get("cpu_sharing")):
+            notes.append(f"{path}: {sharing_text(share)}")
     summary = pd.concat(frames, ignore_index=True).sort_values([*CURVE_KEYS, "size_bytes"], ignore_index=True)
     return RunSet(tuple(runs), summary, tuple(notes))
 

@@ -32,6 +32,7 @@ import pandas as pd
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
 from microbench.limits import MAX_SECONDS
+from microbench.provenance import recorded_sharing, sharing_text
 from microbench.stats import SPEED_GAP
 from reports import provenance
 from reports.document import Note, Section, Table, Text
@@ -205,6 +206,8 @@ def _read_summary(path: Path) -> dict:
     if not isinstance(notes, list):
         raise UsageError(f"{path}: 'notes' must be a list of strings")
     info = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
+    if share := recorded_sharing(data.get("cpu_sharing")):
+        notes = [*notes, sharing_text(share)]
     return {"metrics": metrics, "layers": per_layer, "info": info, "notes": tuple(map(str, notes)),
             "by_link": _by_link(data.get("by_link", {}), f"{path}: by_link"),
             "step_ratios": _step_ratios(data.get("step_ratios", []), f"{path}: step_ratios")}

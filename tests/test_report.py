@@ -325,3 +325,25 @@ def test_an_interval_that_does_not_hold_its_value_draws_no_whisker(tmp_path):
     fc1 = next(ax for ax in validation_view.paired_bars_figure(frame).axes if ax.get_title() == "layer mlp.fc1")
     measured = next(c for c in fc1.containers if c.get_label() == "measured")
     assert len(measured.errorbar.lines[2][0].get_segments()) == 3   # every bar keeps its whisker's drawable side
+
+
+def test_ranks_that_outnumbered_the_cpus_are_said_in_the_page(tmp_path):
+    """A sweep run or a validation that recorded more ranks than a machine's CPUs (cpu_sharing) gets one warning in
+    the page naming both counts; values no writer of commcal's produces are left unsaid, not a crash."""
+    run = write_synthetic_run(tmp_path / "run", {("pingpong", "intra"): (1e-6, 1e-10)}, {"intra": [2]},
+                              sizes=(8, 1024, 65536), samples=5)
+    val = write_validation(tmp_path / "val")
+    meta, summary = json.loads((run / "run.json").read_text()), json.loads((val / "summary.json").read_text())
+
+    def page(value) -> str:
+        (run / "run.json").write_text(json.dumps(meta | {"cpu_sharing": value}))
+        (val / "summary.json").write_text(json.dumps(summary | {"cpu_sharing": value}))
+        out = tmp_path / "rep"
+        shutil.rmtree(out, ignore_errors=True)
+        assert main(["report", "--run", str(run), "--validation", str(val), "--out", str(out)]) == 0
+        return (out / "report.md").read_text()
+
+    text = page({"ranks": 4, "cpus": 2})
+    assert text.count("4 ranks share 2 CPU(s) of one machine") == 2 and f"{run}: 4 ranks share" in text, text
+    for value in (None, {"ranks": 2, "cpus": 2}, {"ranks": "4", "cpus": 2}, {"ranks": 2 ** 70, "cpus": 1}, [4, 2]):
+        assert "ranks share" not in page(value), value
