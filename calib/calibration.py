@@ -20,7 +20,7 @@ from microbench.errors import UsageError
 from microbench.jsonfile import read_json
 from microbench.ops import known_dtype
 
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
 provenance.runs[].origin, the peer logs a run was imported from; absent: a commcal sweep; 10 added origin.spec,
 a calibration written from a hardware spec, and compute.memory_bytes; absent: device memory unknown; 11 added
@@ -223,8 +223,9 @@ class Calibration:
     def path_advice(self) -> tuple[str, ...]:
         """One line per way this calibration was made that is known to rank strategies worse than the default path
         (docs/methodology.md, "The default path"): a quick preset, sweeps that measured between nodes in one MPI
-        launch only, or no after-compute models; models whose points moved between launches (a validate's launch
-        may meet either speed); and models priced at the fast one of several speeds.
+        launch only, or no after-compute models; sweeps whose ranks outnumbered a machine's CPUs; models whose points
+        moved between launches (a validate's launch may meet either speed); and models priced at the fast one of
+        several speeds.
         Empty where the provenance does not say (older files, imports, specs)."""
         runs = self.result.provenance.get("runs", [])
         lines = []
@@ -248,6 +249,12 @@ class Calibration:
                          f"{op}/{link}, {worst.max:.0%} at {worst.max_at_bytes:g} B, {worst.max_at_procs} ranks): a "
                          "launch runs such points at one of their speeds, so a validate can miss their price by that "
                          "much however well the rest is priced (docs/methodology.md#launches)")
+        shared = [r["cpu_sharing"] for r in runs if isinstance(r.get("cpu_sharing"), dict)]
+        if shared:
+            worst = max(shared, key=lambda s: s["ranks"] / s["cpus"])
+            lines.append(f"swept with more ranks than CPUs ({worst['ranks']} ranks on {worst['cpus']} CPU(s) of one "
+                         "machine): its groups were priced one at a time, and steps that keep every rank busy run "
+                         "slower than that; sweep with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)")
         fast = [(m.speeds.max_ratio, op, link, m.speeds) for (op, link), m in self.result.models.items()
                 if m.speeds is not None]
         if fast:

@@ -64,7 +64,8 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
             "method": records.timing_method(meta),
             **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {}),
-            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {}), **_sweep_path(meta)}
+            **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {}), **_sweep_path(meta),
+            **({"cpu_sharing": share} if (share := recorded_sharing(meta.get("cpu_sharing"))) else {})}
 
 
 def _sweep_path(meta: dict) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from microbench.atomic import atomic_write_json
 
 SCHEMA = "commcal.calibration"
-VERSION = 19
+VERSION = 20
 
 Interval = tuple[float, float]
 Models = Mapping[tuple[str, str], "Model"]

@@ -244,7 +244,7 @@ def test_fit_after_compute_runs_give_the_models_of_calls_that_follow_a_computati
     assert code == 0, err
     assert "after compute (384x384 GEMM before each call):" in stdout and "and 1 after-compute models" in stdout
     data = json.loads(out.read_text())
-    assert data["version"] == VERSION == 19
+    assert data["version"] == VERSION == 20
     assert data["after_compute"]["after_gemm"] == 384 and data["after_compute"]["run_ids"] == ["after"]
     assert data["provenance"]["run_ids"] == ["plain", "after"]
     assert data["after_compute"]["models"]["allreduce"]["intra"]["alpha_s"] == pytest.approx(84e-6, rel=0.05)

@@ -217,7 +217,7 @@ def test_points_whose_calls_ran_at_two_speeds_are_priced_at_the_fast_one(tmp_pat
     assert all(r == 1.0 for s, r in at.items() if s < 1 << 20)
     assert any("ran at several speeds" in w for w in model["warnings"])
     assert "speeds" not in clean["models"]["pingpong"]["inter"]
-    assert calibration_from_dict(data).data["version"] == 19
+    assert calibration_from_dict(data).data["version"] == 20
 
 
 def test_a_sustained_fast_minority_is_priced_and_a_token_buckets_burst_is_not(tmp_path):
@@ -431,9 +431,15 @@ def test_fit_warns_about_a_sweep_whose_ranks_outnumbered_a_machines_cpus(tmp_pat
 
     said = sharing({"ranks": 4, "cpus": 2})
     assert len(said) == 1 and "4 ranks shared 2 CPU(s) of one machine" in said[0] and str(run) in said[0], said
+    cal = calibration_from_dict(fit_calibration(load_runs([str(run)])))        # the schema holds the record
+    assert cal.data["provenance"]["runs"][0]["cpu_sharing"] == {"ranks": 4, "cpus": 2}
+    assert [a for a in cal.path_advice() if "more ranks than CPUs (4 ranks on 2 CPU(s)" in a], cal.path_advice()
     for value in (None, {"ranks": 2, "cpus": 2}, {"ranks": True, "cpus": 0}, {"ranks": 10 ** 30, "cpus": 1}, "4/2",
                   {"ranks": 4.0, "cpus": 2}, {"cpus": 2}, [4, 2]):      # a core per rank, or nothing a sweep writes
         assert sharing(value) == [], value
+        cal = calibration_from_dict(fit_calibration(load_runs([str(run)])))
+        assert "cpu_sharing" not in cal.data["provenance"]["runs"][0] and not [
+            a for a in cal.path_advice() if "more ranks than CPUs" in a]
 
 
 def test_between_size_benchmark_scores_the_calibration_at_sizes_the_fit_never_saw():

@@ -88,7 +88,7 @@ def test_each_level_is_fitted_at_its_truth_and_search_prices_a_3_level_mesh_on_t
     fit = run_cli(["fit", str(out / "pingpong"), str(out / "collectives"), "--out", str(cal), "--quiet"])
     assert fit.returncode == 0, fit.stdout + fit.stderr
     data = json.loads(cal.read_text())
-    assert data["version"] == 19
+    assert data["version"] == 20
     assert [lv["link"] for lv in data["topology"]["levels"]] == ["inter", "inter2"]
     assert data["topology"]["levels"][0]["groups"] == [["node1", "node2"], ["node3", "node4"]]
     lines, misses = [], []

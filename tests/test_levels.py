@@ -175,7 +175,7 @@ def three_levels(drop: str | None = None) -> dict:
 
 def test_each_axis_of_a_3_level_mesh_is_priced_on_its_level():
     cal = calibration_from_dict(three_levels())
-    assert cal.data["version"] == 19 and cal.switch_spans() == (2, 4)
+    assert cal.data["version"] == 20 and cal.switch_spans() == (2, 4)
     pricer = Pricer(cal, Mesh((2, 2, 2), 2))
     n = 1 << 20
     for axis, link in enumerate(("inter2", "inter", "intra")):

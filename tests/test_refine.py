@@ -83,7 +83,7 @@ def test_unmeasured_op_keeps_the_spec_price(selene_refined):
 def test_sources_and_provenance(selene_refined):
     """(c) Each model and rate names its source; provenance lists the spec first, then the runs; version 15."""
     tmp, run_id, data = selene_refined
-    assert data["version"] == 19 and data["backend"] == "nccl"
+    assert data["version"] == 20 and data["backend"] == "nccl"
     assert data["provenance"]["run_ids"] == ["spec-selene", run_id]
     first, run = data["provenance"]["runs"]
     assert first["origin"]["spec"]["file"] == "selene" and run["origin"]["peer"] == "nccl-tests"

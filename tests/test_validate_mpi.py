@@ -194,14 +194,15 @@ def test_a_missing_link_class_is_one_warning_and_recorded_in_the_summary(tmp_pat
     """One node (mesh axis 0 wants intra) and a calibration of inter only: inter prices it, stderr says so once,
     summary.json records each collective; the --strict refusal is in test_bad_input_is_one_line_and_exit_2."""
     cal, out = calibration(tmp_path / "cal.json", ("inter",)), tmp_path / "val"
-    data = json.loads(Path(cal).read_text())                 # and its sweep took the quick path, in one launch
+    data = json.loads(Path(cal).read_text())   # and its sweep took the quick path, in one launch, 4 ranks on 2 CPUs
     data["provenance"]["runs"] = [{"run_id": "r", "dir": "r", "date": "d", "machine": "m", "hosts": ["m"],
-                                   "mpi_library": "x", "versions": {}, "preset": "quick", "launches": 1}]
+                                   "mpi_library": "x", "versions": {}, "preset": "quick", "launches": 1,
+                                   "cpu_sharing": {"ranks": 4, "cpus": 2}}]
     Path(cal).write_text(json.dumps(data))
     proc = run_mpi(2, ["validate", cal, "--mesh", "2", "--out", str(out), "--layer", "linear:m=8,k=8,n=8", *FAST],
                    check=True)
     summary = json.loads((out / "summary.json").read_text())
-    assert [l.split(" ")[3] for l in summary["calibration_advice"]] == ["quick", "measured"]
+    assert [l.split(" ")[3] for l in summary["calibration_advice"]] == ["quick", "measured", "ranks"]
     assert all(f"warning: {line}" in proc.stdout.splitlines() for line in summary["calibration_advice"])
     fallbacks = summary["fallbacks"]
     ops = sorted({f["op"] for f in fallbacks})
