@@ -19,6 +19,7 @@ from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model,
 from microbench.errors import UsageError
 from microbench.jsonfile import read_json
 from microbench.ops import known_dtype
+from microbench.provenance import SHARED_SWEEP
 
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
 """Versions the loader accepts; what each added, and what its absence means: docs/calibration-format.md (9 added
@@ -37,7 +38,8 @@ calls' median over the price, where 16 priced and counted only a fastest speed h
 pooled median; 18 also prices a bandwidth-bound point's fast minority, held by a twentieth of its calls and two
 calls, where it moves its bytes no faster than its operation's largest size does (calib.points.sustained_minorities),
 where 17 asked a quarter; 19 adds speeds.sizes and speeds.ratios, the slow-over-price ratio at each size; absent: only
-max_ratio, wherever it was seen)."""
+max_ratio, wherever it was seen; 20 adds provenance.runs[].cpu_sharing, where a sweep's ranks outnumbered a machine's
+CPUs; absent: a CPU per rank, or unknown)."""
 SCHEMA_FILE = "calibration.schema.json"
 Z95 = 1.959963984540054
 
@@ -253,8 +255,7 @@ class Calibration:
         if shared:
             worst = max(shared, key=lambda s: s["ranks"] / s["cpus"])
             lines.append(f"swept with more ranks than CPUs ({worst['ranks']} ranks on {worst['cpus']} CPU(s) of one "
-                         "machine): its groups were priced one at a time, and steps that keep every rank busy run "
-                         "slower than that; sweep with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)")
+                         f"machine): {SHARED_SWEEP}")
         fast = [(m.speeds.max_ratio, op, link, m.speeds) for (op, link), m in self.result.models.items()
                 if m.speeds is not None]
         if fast:

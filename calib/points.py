@@ -15,7 +15,7 @@ from microbench import records
 from microbench.errors import UsageError
 from microbench.links import is_link
 from microbench.ops import LOCAL_OPS, OPS, known_dtype
-from microbench.provenance import STEAL_WARN, recorded_sharing
+from microbench.provenance import SHARED_SWEEP, STEAL_WARN, recorded_sharing
 from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS
 from microbench.stats import SPEED_GAP, point_speeds
 from microbench.switches import Topology
@@ -102,8 +102,7 @@ def _sharing_warnings(meta: dict, run_dir: Path) -> list[str]:
     if share is None:
         return []
     return [f"{run_dir}: {share['ranks']} ranks shared {share['cpus']} CPU(s) of one machine while it was measured "
-            "(cpu_sharing): its groups were priced one at a time, and steps that keep every rank busy run slower "
-            "than that; sweep with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)"]
+            f"(cpu_sharing): {SHARED_SWEEP}"]
 
 
 def _point_times(codes: np.ndarray, names: pd.Index, rounds: np.ndarray, seconds: np.ndarray) -> pd.DataFrame:

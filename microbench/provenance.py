@@ -129,6 +129,11 @@ def recorded_sharing(value) -> dict | None:
     return {"ranks": ranks, "cpus": cpus} if ranks > cpus else None
 
 
+SHARED_SWEEP = ("its groups were priced one at a time, and steps that keep every rank busy run slower than that; sweep "
+                "with a core per rank (docs/troubleshooting.md#more-ranks-than-cores)")
+"""What a sweep whose ranks outnumbered a machine's CPUs costs its calibration, for the fit's and validate's warnings."""
+
+
 def sharing_text(sharing: dict) -> str:
     """cpu_sharing's finding as one warning."""
     return (f"{sharing['ranks']} ranks share {sharing['cpus']} CPU(s) of one machine: each collective then also waits "
