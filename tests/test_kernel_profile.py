@@ -172,8 +172,10 @@ def test_profile_times_every_kernel_validate_runs_near_what_validate_measures(tm
     frame = pd.read_parquet(out / "strategies.parquet")
     pipe = frame[frame["strategy"] == "pipeline"]
     assert len(pipe) == 1 and pipe["predicted_s"].item() > 0
-    # timed at validate's shapes on the same ranks: the kernels that take time at all agree within a factor
-    big = comp[comp["predicted_s"] > 10e-6]
+    # timed at validate's shapes on the same ranks, the kernels that take most time (the longest quarter of the steps
+    # by their profiled time: ranked, not cut at a time that more or fewer kernels pass on a faster or slower host)
+    # agree within a factor
+    big = comp.nlargest(len(comp) // 4, "predicted_s")
     ratio = float(np.median(big["measured_s"] / big["predicted_s"]))
     steal = [f for f in [*dict(profile.cpu_steal).values(), *summary["cpu_steal"].values()] if f is not None]
     print(f"validate ran the profiled kernels at {ratio:.3f}x their profiled time; steal {steal}")
