@@ -105,17 +105,77 @@ def _kernel_id() -> str:
         return socket.gethostname()
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _quota_file(directory: Path, v2: bool) -> float | None:
+    """The CPUs one cgroup directory's quota allows (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over cpu.cfs_period_us);
+    None where it sets none or cannot be read."""
+    try:
+        if v2:
+            quota, period = (directory / "cpu.max").read_text().split()[:2]
+        else:
+            quota, period = ((directory / f"cpu.cfs_{n}_us").read_text().strip() for n in ("quota", "period"))
+        if quota in ("max", "-1") or int(period) <= 0 or int(quota) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_quota(cgroup_text: str | None = None, root: Path = CGROUP_ROOT) -> tuple[str, float] | None:
+    """The tightest CPU quota over this process's cgroup and its ancestors (`cgroup_text`: /proc/self/cgroup's text),
+    as (the limiting cgroup's path, the CPUs it allows, possibly fractional); None where none binds. A container's
+    or a job's CPU limit that leaves the affinity wide is such a quota (docker --cpus, systemd CPUQuota)."""
+    if cgroup_text is None:
+        try:
+            cgroup_text = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return None
+    best: tuple[str, float] | None = None
+    for line in cgroup_text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        hierarchy, controllers, path = fields
+        v2 = hierarchy == "0" and controllers == ""
+        if not v2 and "cpu" not in controllers.split(","):
+            continue
+        mounts = [root] if v2 else [root / controllers, root / "cpu,cpuacct", root / "cpu"]
+        parts = [p for p in path.strip().split("/") if p]
+        for mount in dict.fromkeys(mounts):
+            for depth in range(len(parts), -1, -1):
+                cpus = _quota_file(mount.joinpath(*parts[:depth]), v2)
+                if cpus is not None and (best is None or cpus < best[1]):
+                    best = (f"{controllers or 'v2'}:/{'/'.join(parts[:depth])}", cpus)
+    return best
+
+
+def machine_sharing(reports) -> dict | None:
+    """cpu_sharing's verdict from each rank's (kernel id, CPU affinity, cpu_quota()): per machine, the ranks against
+    the CPUs they may run on, the union of their affinities, or less where every rank is under a quota (each
+    distinct cgroup's quota counted once), in whole CPUs and at least 1; for the machine whose ranks most outnumber
+    them, {"ranks": n, "cpus": c} where n > c, else None."""
+    machines: dict[str, tuple[int, set, dict, bool]] = {}
+    for kernel, cpus, quota in reports:
+        ranks, union, quotas, unlimited = machines.get(kernel, (0, set(), {}, False))
+        if quota is None:
+            unlimited = True
+        else:
+            quotas[quota[0]] = quota[1]
+        machines[kernel] = (ranks + 1, union | set(cpus), quotas, unlimited)
+    counts = [(ranks, max(1, len(union) if unlimited else min(len(union), int(sum(quotas.values())))))
+              for ranks, union, quotas, unlimited in machines.values()]
+    ranks, cpus = max(counts, key=lambda c: c[0] / c[1])
+    return {"ranks": ranks, "cpus": cpus} if ranks > cpus else None
+
+
 def cpu_sharing(comm) -> dict | None:
-    """Where ranks outnumber the CPUs they may run on (collective; every rank gets it): for the machine whose ranks
-    most outnumber them, {"ranks": n, "cpus": c}, the union of those ranks' CPU affinities; None where every rank
-    has a CPU of its own. Ranks of one kernel share its CPUs, whatever host names their namespaces give them."""
+    """Where ranks outnumber the CPUs they may run on (collective; every rank gets it): machine_sharing over every
+    rank's affinity and CPU quota. Ranks of one kernel share its CPUs, whatever host names their namespaces give
+    them."""
     mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    machines: dict[str, tuple[int, set]] = {}
-    for kernel, cpus in comm.allgather((_kernel_id(), mine)):
-        ranks, union = machines.get(kernel, (0, set()))
-        machines[kernel] = (ranks + 1, union | set(cpus))
-    worst = max(machines.values(), key=lambda m: m[0] / max(len(m[1]), 1))
-    return {"ranks": worst[0], "cpus": len(worst[1])} if worst[0] > len(worst[1]) else None
+    return machine_sharing(comm.allgather((_kernel_id(), mine, cpu_quota())))
 
 
 def recorded_sharing(value) -> dict | None:

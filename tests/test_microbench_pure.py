@@ -390,6 +390,49 @@ def test_cpu_counters_are_this_hosts_eight_tick_counters_and_only_grow():
     assert 0 <= provenance.steal_fraction(first, second) <= 1
 
 
+def test_cpu_quota_is_the_tightest_quota_over_the_cgroup_and_its_ancestors(tmp_path):
+    """cgroup v2's cpu.max and v1's cfs quota over period, read along the process's cgroup path up to the mount's root;
+    "max", -1, an unreadable or malformed file and a controller line without cpu set no quota."""
+    def write(path, **files):
+        path.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (path / name.replace("_", ".", 1)).write_text(text)
+
+    write(tmp_path / "v2" / "slurm" / "job7", cpu_max="max 100000\n")
+    write(tmp_path / "v2" / "slurm", cpu_max="250000 100000\n")
+    assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") == ("v2:/slurm", 2.5)
+    write(tmp_path / "v2" / "slurm" / "job7", cpu_max="150000 100000\n")
+    assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") == ("v2:/slurm/job7", 1.5)
+    assert provenance.cpu_quota("0::/elsewhere\n", tmp_path / "v2") is None        # no file on the path: none
+    v1 = tmp_path / "v1" / "cpu,cpuacct"
+    write(v1 / "docker" / "c1", **{"cpu_cfs_quota_us": "50000\n", "cpu_cfs_period_us": "100000\n"})
+    text = "12:memory:/docker/c1\n4:cpu,cpuacct:/docker/c1\n0::/\n"
+    assert provenance.cpu_quota(text, tmp_path / "v1") == ("cpu,cpuacct:/docker/c1", 0.5)
+    write(v1 / "docker" / "c1", **{"cpu_cfs_quota_us": "-1\n"})
+    assert provenance.cpu_quota(text, tmp_path / "v1") is None
+    for bad in ("", "garbage", "0 0", "100000 0"):
+        write(tmp_path / "v2" / "slurm" / "job7", cpu_max=bad)
+        write(tmp_path / "v2" / "slurm", cpu_max=bad)
+        assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") is None, bad
+    assert provenance.cpu_quota("not a cgroup line\n1:memory:/x\n", tmp_path / "v2") is None
+
+
+def test_machine_sharing_counts_each_machines_ranks_against_its_affinities_and_quotas():
+    """Per kernel, the ranks against the union of their affinities, or the sum of their distinct cgroups' quotas
+    where every rank has one; the machine whose ranks most outnumber its CPUs is the one reported."""
+    assert provenance.machine_sharing([("a", [0, 1], None)] * 4) == {"ranks": 4, "cpus": 2}
+    assert provenance.machine_sharing([("a", [0], None), ("a", [1], None), ("b", [0, 1], None)]) is None
+    assert provenance.machine_sharing([("a", [0, 1, 2, 3], ("v2:/job", 1.5))] * 2) == {"ranks": 2, "cpus": 1}
+    two_jobs = [("a", [0, 1, 2, 3], ("v2:/j1", 1.0)), ("a", [0, 1, 2, 3], ("v2:/j2", 1.0))]
+    assert provenance.machine_sharing(two_jobs) is None                          # a CPU's quota each
+    assert provenance.machine_sharing([("a", [0, 1], ("v2:/job", 8.0))] * 3) == {"ranks": 3, "cpus": 2}
+    assert provenance.machine_sharing([("a", [0, 1], ("v2:/job", 1.0)), ("a", [0, 1], None)]) is None
+    assert provenance.machine_sharing([("a", [0, 1, 2], None)] * 4 + [("b", [0, 1], ("v2:/j", 0.5))]) == {
+        "ranks": 4, "cpus": 3}                                                   # one rank under half a CPU shares none
+    assert provenance.machine_sharing([("a", [0, 1, 2, 3], ("v2:/job", 2.5))] * 3) == {"ranks": 3, "cpus": 2}
+    assert provenance.machine_sharing([("a", [0, 1, 2, 3], ("v2:/job", 2.5))] * 2) is None
+
+
 def test_cold_slots_are_page_aligned_copies_of_the_pair_filling_the_pool():
     pool = Pool(np, 64 * 4096)
     send, recv = np.arange(1500, dtype=np.float32), np.full(3000, 7.0, dtype=np.float32)

@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -75,6 +77,55 @@ def test_every_operation_is_correct_and_recorded(tmp_path, ranks):
         assert f"warning: {ranks} ranks share {cpus} CPU(s) of one machine" in proc.stdout, proc.stdout
     elif not os.environ.get("MPIEXEC"):                 # a launcher of the user's may bind ranks to fewer cores
         assert meta["cpu_sharing"] is None and "ranks share" not in proc.stdout, proc.stdout
+
+
+def cpu_cgroup(name: str, quota_us: int, period_us: int = 100000) -> Path | None:
+    """A new cgroup allowing quota_us of CPU time per period_us (cgroup v1's cpu controller, or v2's cpu.max), made
+    for a test; None where this process cannot make one (not root, or no cpu controller to write)."""
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    try:
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            group = v1 / name
+            group.mkdir()
+            (group / "cpu.cfs_period_us").write_text(str(period_us))
+            (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+            return group
+        if "cpu" in (v2 / "cgroup.controllers").read_text().split():
+            if "cpu" not in (v2 / "cgroup.subtree_control").read_text().split():
+                (v2 / "cgroup.subtree_control").write_text("+cpu")
+            group = v2 / name
+            group.mkdir()
+            (group / "cpu.max").write_text(f"{quota_us} {period_us}")
+            return group
+    except OSError:
+        pass
+    return None
+
+
+def test_a_cpu_quota_narrower_than_the_affinity_is_recorded_as_sharing(tmp_path):
+    """Two ranks in a real cgroup allowed 1.5 CPUs of CPU time (a container's --cpus, a job's CPUQuota), their
+    affinity left wide: the sweep counts the quota, not the affinity, says so once and records 2 ranks on 1 CPU."""
+    if os.environ.get("MPIEXEC"):
+        pytest.skip("a custom MPIEXEC may place ranks outside this host's cgroup")
+    group = cpu_cgroup(f"commcal-test-{os.getpid()}", 150000)
+    if group is None:
+        pytest.skip("cannot make a cgroup with a CPU quota here (needs root and a writable cpu controller)")
+    out = tmp_path / "run"
+    try:
+        enter = ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"]
+        proc = subprocess.run([*enter, *mpiexec_argv(2), *commcal_argv(), "sweep", "--out", str(out), "--ops",
+                               "pingpong", "--sizes", "8", *FAST], env=mpi_env(), cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        for _ in range(50):                     # the launcher's daemons may take a moment to leave the group
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_run_json(out)["cpu_sharing"] == {"ranks": 2, "cpus": 1}
+    assert proc.stdout.count("warning: 2 ranks share 1 CPU(s) of one machine") == 1, proc.stdout
 
 
 def test_python_timing_path_is_recorded(tmp_path):
