@@ -125,7 +125,7 @@ def _quota_file(directory: Path, v2: bool) -> float | None:
 
 def cpu_quota(cgroup_text: str | None = None, root: Path = CGROUP_ROOT) -> tuple[str, float] | None:
     """The tightest CPU quota over this process's cgroup and its ancestors (`cgroup_text`: /proc/self/cgroup's text),
-    as (the limiting cgroup's path, the CPUs it allows, possibly fractional); None where none binds. A container's
+    as (the limiting cgroup's name, _cgroup_key, and the CPUs it allows, possibly fractional); None where none binds. A container's
     or a job's CPU limit that leaves the affinity wide is such a quota (docker --cpus, systemd CPUQuota)."""
     if cgroup_text is None:
         try:
@@ -145,10 +145,22 @@ def cpu_quota(cgroup_text: str | None = None, root: Path = CGROUP_ROOT) -> tuple
         parts = [p for p in path.strip().split("/") if p]
         for mount in dict.fromkeys(mounts):
             for depth in range(len(parts), -1, -1):
-                cpus = _quota_file(mount.joinpath(*parts[:depth]), v2)
+                directory = mount.joinpath(*parts[:depth])
+                cpus = _quota_file(directory, v2)
                 if cpus is not None and (best is None or cpus < best[1]):
-                    best = (f"{controllers or 'v2'}:/{'/'.join(parts[:depth])}", cpus)
+                    best = (_cgroup_key(directory, controllers or "v2", parts[:depth]), cpus)
     return best
+
+
+def _cgroup_key(directory: Path, controllers: str, parts: list[str]) -> str:
+    """One cgroup's name across processes: its path and its directory's inode, since containers with cgroup
+    namespaces of their own each see their cgroup as "/"."""
+    try:
+        st = directory.stat()
+        inode = f"@{st.st_dev}:{st.st_ino}"
+    except OSError:
+        inode = ""
+    return f"{controllers}:/{'/'.join(parts)}{inode}"
 
 
 def machine_sharing(reports) -> dict | None:

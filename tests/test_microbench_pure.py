@@ -391,8 +391,9 @@ def test_cpu_counters_are_this_hosts_eight_tick_counters_and_only_grow():
 
 
 def test_cpu_quota_is_the_tightest_quota_over_the_cgroup_and_its_ancestors(tmp_path):
-    """cgroup v2's cpu.max and v1's cfs quota over period, read along the process's cgroup path up to the mount's root;
-    "max", -1, an unreadable or malformed file and a controller line without cpu set no quota."""
+    """cgroup v2's cpu.max and v1's cfs quota over period, read along the process's cgroup path up to the mount's root,
+    each cgroup named by its path and inode; "max", -1, an unreadable or malformed file and a controller line without
+    cpu set no quota."""
     def write(path, **files):
         path.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -400,14 +401,23 @@ def test_cpu_quota_is_the_tightest_quota_over_the_cgroup_and_its_ancestors(tmp_p
 
     write(tmp_path / "v2" / "slurm" / "job7", cpu_max="max 100000\n")
     write(tmp_path / "v2" / "slurm", cpu_max="250000 100000\n")
-    assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") == ("v2:/slurm", 2.5)
+    def key(path, label):
+        st = path.stat()
+        return f"{label}@{st.st_dev}:{st.st_ino}"
+
+    assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") == (key(tmp_path / "v2" / "slurm", "v2:/slurm"), 2.5)
     write(tmp_path / "v2" / "slurm" / "job7", cpu_max="150000 100000\n")
-    assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") == ("v2:/slurm/job7", 1.5)
+    assert provenance.cpu_quota("0::/slurm/job7\n", tmp_path / "v2") == (
+        key(tmp_path / "v2" / "slurm" / "job7", "v2:/slurm/job7"), 1.5)
     assert provenance.cpu_quota("0::/elsewhere\n", tmp_path / "v2") is None        # no file on the path: none
     v1 = tmp_path / "v1" / "cpu,cpuacct"
     write(v1 / "docker" / "c1", **{"cpu_cfs_quota_us": "50000\n", "cpu_cfs_period_us": "100000\n"})
     text = "12:memory:/docker/c1\n4:cpu,cpuacct:/docker/c1\n0::/\n"
-    assert provenance.cpu_quota(text, tmp_path / "v1") == ("cpu,cpuacct:/docker/c1", 0.5)
+    assert provenance.cpu_quota(text, tmp_path / "v1") == (key(v1 / "docker" / "c1", "cpu,cpuacct:/docker/c1"), 0.5)
+    write(tmp_path / "ns", cpu_max="100000 100000\n")             # two containers, each its cgroup seen as "/"
+    write(tmp_path / "ns2", cpu_max="100000 100000\n")
+    one, other = provenance.cpu_quota("0::/\n", tmp_path / "ns"), provenance.cpu_quota("0::/\n", tmp_path / "ns2")
+    assert one[0] != other[0] and provenance.machine_sharing([("a", [0, 1], one), ("a", [0, 1], other)]) is None
     write(v1 / "docker" / "c1", **{"cpu_cfs_quota_us": "-1\n"})
     assert provenance.cpu_quota(text, tmp_path / "v1") is None
     for bad in ("", "garbage", "0 0", "100000 0"):
