@@ -5,10 +5,12 @@ their number given or chosen by BIC. Final parameters come from statsmodels (WLS
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import statsmodels.api as sm
+from statsmodels.tools.sm_exceptions import ConvergenceWarning
 
 from calib.algorithms import Algorithm, piecewise_terms, segment_bounds
 from calib.result import Segment
@@ -98,7 +100,9 @@ def fit_line(alg: Algorithm, pts: Points, method: str) -> LineFit:
     scale = np.maximum(np.linalg.norm(X / t[:, None], axis=0), 1e-300)
     Xs = X / scale
     if method == "huber":
-        res = sm.RLM(np.ones_like(t), Xs / t[:, None], M=sm.robust.norms.HuberT(HUBER_T)).fit()
+        with warnings.catch_warnings():       # its only one: a scale of 0, handled below
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            res = sm.RLM(np.ones_like(t), Xs / t[:, None], M=sm.robust.norms.HuberT(HUBER_T)).fit()
         rel_sd = float(res.scale)
     if method == "huber" and not rel_sd > RESID_FLOOR and len(t) > Xs.shape[1]:
         # the residuals' MAD is 0 (half the points on the line, as when 2 of 3 are): Huber's scale says nothing of

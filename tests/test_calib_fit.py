@@ -493,3 +493,24 @@ def test_three_sizes_two_on_a_line_give_an_interval_not_a_point():
     assert fit.ci95[1][0] < fit.beta_s_per_byte < fit.ci95[1][1]
     same = fit_line(algorithm("p2p"), Points.build(np.full(3, 2.0), n, 2e-6 + n * 1e-9, n), "huber")
     assert same.rel_resid_sd <= 1e-9                          # on the line: no scatter to report
+
+
+def test_a_segment_exactly_on_its_line_fits_without_a_warning():
+    """Points with no scatter (one rank's local operation at the timer's quantum: one time at every size) give
+    Huber's scale 0, which statsmodels warns of; fit_line handles that case itself (least squares' statistics), so
+    `commcal fit` prints nothing about it."""
+    import warnings
+
+    from calib.segments import fit_line
+
+    fits = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for count in range(3, 9):                 # whether the residuals come out exactly 0 is floating point's say
+            for first in (3, 6, 10, 13):
+                n = 2.0 ** np.arange(first, first + count)
+                fits.append(fit_line(algorithm("p2p"), Points.build(np.ones(count), n, np.full(count, 1e-7), n),
+                                     "huber"))
+    assert [str(w.message) for w in caught] == []
+    assert all(f.alpha_s == pytest.approx(1e-7) and abs(f.beta_s_per_byte) < 1e-20 for f in fits)
+    assert all(f.rel_resid_sd <= 1e-9 for f in fits)
