@@ -25,7 +25,8 @@ from analysis.options import (add_dtype_argument, add_nics_argument, add_profile
 from analysis.strategies import Selection, parse_selection
 from microbench.buffers import ALLOCATORS
 from microbench.errors import UsageError
-from microbench.flags import BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments
+from microbench.flags import (BACKEND_HELP, Presets, add_backend_argument, add_quick_argument, add_stop_arguments,
+                              check_stop_bounds)
 from microbench.jsonfile import directory_kind
 from microbench.stats import StopRule
 from microbench.threads import LEVELS, choose
@@ -144,6 +145,7 @@ def config(args) -> Config:
                                                                              "0 <= --seed < 2^63")) if not ok]
     if bad:
         raise UsageError(f"validate needs {' and '.join(bad)}")
+    check_stop_bounds(mins, budget, max(rounds, refine), budget="--budget")
     check_out(args.out)
     if args.training and (args.layer or args.model):
         raise UsageError("give --layer or --model specs or --training MODEL, not both")

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from microbench.backends import BACKENDS
+from microbench.errors import UsageError
+from microbench.limits import MAX_ROUNDS, MAX_SAMPLES, MAX_SECONDS
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,16 @@ def add_stop_arguments(p: argparse.ArgumentParser, presets: Presets, unit: str, 
     p.add_argument("--min-samples", type=int,
                    help=f"timed iterations before the CI may stop {unit} ({presets.say('min_samples')})")
     p.add_argument("--rounds", type=int, help=f"{rounds_help} ({presets.say('rounds')})")
+
+
+def check_stop_bounds(min_samples: int, budget_s: float, rounds: int, retries: int = 0, budget: str = "--point-budget"):
+    """One UsageError line for a stopping rule or pass count past what any run means (limits.py): a plan of a
+    billion rounds would fill memory, a budget of 1e308 s overflow the estimate's clock."""
+    bad = [f"{name} at most {most:g}" for name, value, most in (
+        ("--min-samples", min_samples, MAX_SAMPLES), (budget, budget_s, MAX_SECONDS), ("--rounds", rounds, MAX_ROUNDS),
+        ("--retries", retries, MAX_ROUNDS)) if value > most]
+    if bad:
+        raise UsageError(f"give {' and '.join(bad)}")
 
 
 BACKEND_HELP = "mpi: host (numpy) buffers; mpi-cuda: cupy buffers to a CUDA-aware MPI; nccl: cupy NCCL"

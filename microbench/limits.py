@@ -9,6 +9,11 @@ MAX_COUNT = 2 ** 62
 """The largest count (ranks, groups, rounds) a reader takes from a file; beyond it no int64 holds the arithmetic."""
 MAX_RANKS = 1 << 20
 """The most ranks a run, a host list, a dry run or a mesh may have (each rank's place is held in memory)."""
+MAX_SAMPLES = 1_000_000
+"""The most timed calls one point (or strategy) takes, whatever its CI: the stopping rule's cap, and so the bound
+of --min-samples."""
+MAX_ROUNDS = 1000
+"""The most rounds, or retries, a run makes: each is a pass over every point, which a dry run plans one by one."""
 MAX_SECONDS = 1e6
 """The longest time one call or step may take (11.6 days)."""
 MAX_FILE_BYTES = 256 << 20

@@ -11,7 +11,7 @@ from pathlib import Path
 from microbench import plan
 from microbench.atomic import atomic_write_text
 from microbench.errors import UsageError
-from microbench.flags import Presets, add_quick_argument, add_stop_arguments
+from microbench.flags import Presets, add_quick_argument, add_stop_arguments, check_stop_bounds
 from microbench.ops import COMM_DTYPE, OPS, itemsize
 from microbench.scanfile import NODE_OPS, ScanConfig
 from microbench.schedule import round_count
@@ -66,6 +66,7 @@ def build_config(args: argparse.Namespace):
     rounds = PRESETS.pick(args, "rounds")
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
+    check_stop_bounds(rule.min_samples, rule.budget_s, rounds)
     for name in ("bandwidth_tolerance", "latency_tolerance", "node_tolerance"):
         if not 0 <= getattr(args, name) < 10:
             raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 10")

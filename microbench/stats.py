@@ -14,6 +14,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from microbench.limits import MAX_SAMPLES
+
 
 @lru_cache(maxsize=4096)
 def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
@@ -190,7 +192,7 @@ class StopRule:
 
     target_ci: float = 0.02
     min_samples: int = 10
-    max_samples: int = 1_000_000
+    max_samples: int = MAX_SAMPLES
     budget_s: float = 1.0
 
     def done(self, est: Estimate, elapsed_s: float) -> bool:

@@ -10,7 +10,7 @@ from microbench import plan, records
 from microbench.backends import backend_for
 from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
-from microbench.flags import Presets, add_backend_argument, add_quick_argument, add_stop_arguments
+from microbench.flags import Presets, add_backend_argument, add_quick_argument, add_stop_arguments, check_stop_bounds
 from microbench.limits import MAX_RANKS
 from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
@@ -127,6 +127,7 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
     rounds = pick("rounds")
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")
+    check_stop_bounds(rule.min_samples, rule.budget_s, rounds, args.retries)
     ops, cache = measured_ops(args)
     bisect = pick("bisect")
     if bisect < 0:

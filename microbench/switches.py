@@ -80,9 +80,13 @@ class Topology:
 
     @classmethod
     def from_json(cls, data: dict | None) -> "Topology":
+        """to_json's dict back; ValueError where a level holds no group, or a group no node name."""
         if not data:
             return cls()
-        return cls(str(data["source"]), tuple(tuple(tuple(g) for g in lv["groups"]) for lv in data["levels"]))
+        levels = tuple(tuple(tuple(g) for g in lv["groups"]) for lv in data["levels"])
+        if not all(level and all(g and all(isinstance(n, str) for n in g) for g in level) for level in levels):
+            raise ValueError("a switch level without groups, or a group without node names")
+        return cls(str(data["source"]), levels)
 
 
 def expand_hostlist(text: str) -> list[str]:

@@ -46,8 +46,9 @@ def launcher_rank() -> int:
     """This process's rank as the launcher told it (0 outside MPI); read from the environment so that
     usage errors print once without initialising MPI."""
     for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdecimal():
-            return int(os.environ[var])
+        value = os.environ.get(var, "")
+        if value.isascii() and value.isdigit():
+            return int(value)
     return 0
 
 
@@ -59,9 +60,14 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{sub}: {message}" if sub else message)   # _fail adds "commcal: "
 
 
-def _fail(message: str) -> int:
-    """Rank 0 prints the one line; every rank then waits for the others before exiting, since a launcher ends the
-    whole job at the first non-zero exit and rank 0 may not have printed yet."""
+def _fail(message: str, name: str | None) -> int:
+    """The one line and exit 2. Of a subcommand every rank of an MPI job runs (RANK_SUBCOMMANDS), rank 0 prints it
+    and every rank waits for the others before exiting, since a launcher ends the whole job at the first non-zero exit
+    and rank 0 may not have printed yet; any other subcommand is one process, which prints it whatever rank a
+    launcher's variables (inherited from a job step) name."""
+    if name not in RANK_SUBCOMMANDS:
+        print(f"commcal: error: {message}", file=sys.stderr, flush=True)
+        return 2
     if launcher_rank() == 0:
         print(f"commcal: error: {message}", file=sys.stderr, flush=True)
     _wait_for_the_job()
@@ -89,6 +95,26 @@ def _finite_numbers(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} {value}: not a finite number")
 
 
+DASH_VALUES = ("--strategy",)
+"""Options whose values may begin with '-' (a strategy id such as -.k/ws, - for an axis left replicated), which
+argparse would take for an option."""
+
+
+def _dash_values(argv: list[str]) -> list[str]:
+    """argv with `OPTION VALUE` joined into `OPTION=VALUE` where OPTION is one of DASH_VALUES and VALUE begins with
+    '-' but not '--' (no option of ours has a one-dash form but -h)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in DASH_VALUES and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and not argv[i + 1].startswith("--") and argv[i + 1] != "-h":
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def build_parser(name: str | None) -> tuple[_Parser, object | None]:
     parser = _Parser(prog="commcal", description="Calibrate cluster communication for parallelization planners.")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
@@ -111,16 +137,19 @@ def main(argv: list[str] | None = None) -> int:
             for var in BLAS_THREAD_VARIABLES:   # before numpy loads
                 os.environ.setdefault(var, "1")
         parser, module = build_parser(name)
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_dash_values(argv))
         _finite_numbers(args)
         if module is None:
-            parser.print_help()
+            parser.print_help(sys.stderr)
             return 2
         return int(module.run(args) or 0)
     except UsageError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), name)
     except KeyboardInterrupt:
-        return _fail("interrupted")
+        return _fail("interrupted", name)
+    except OSError as exc:      # what no reader or writer foresaw (a name too long for the file system): one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}", name)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,17 @@ def document(cal_a, cal_b, items: list[diff.Change], out: Path) -> Document:
                     (Section("diff", "What changed", tuple(blocks)),))
 
 
+DIFF_FILES = ("diff.html", "diff.md")
+
+
+def write(doc: Document, out: Path) -> None:
+    """DIFF_FILES, each written atomically, and a line saying so."""
+    html, md = (out / name for name in DIFF_FILES)
+    atomic_write_text(html, to_html(doc, out))
+    atomic_write_text(md, to_markdown(doc))
+    print(f"wrote {html} and {md}")
+
+
 def run_scans(args: argparse.Namespace) -> int:
     """Two scans: per pair bandwidth and latency ratio, and what became slow (or stopped being)."""
     a, b = read_scan(args.cal_a), read_scan(args.cal_b)
@@ -59,12 +70,10 @@ def run_scans(args: argparse.Namespace) -> int:
     lines = scan_diff.summary(d)
     print("\n" + "\n".join(lines))
     if args.out is not None:
-        out = output_dir(args.out, [args.cal_a, args.cal_b])
+        out = output_dir(args.out, [args.cal_a, args.cal_b], DIFF_FILES)
         doc = Document("commcal scan diff", f"{a.path} → {b.path}", (Section("diff", "What changed", (
             Note("; ".join(lines), "warning" if d.worse else "note"), table)),))
-        atomic_write_text(out / "diff.html", to_html(doc, out))
-        atomic_write_text(out / "diff.md", to_markdown(doc))
-        print(f"wrote {out / 'diff.html'} and {out / 'diff.md'}")
+        write(doc, out)
     return 1 if args.check and d.worse else 0
 
 
@@ -83,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
     changed = sum(c.significant for c in items)
     print(f"\n{changed} of {len(items)} parameters changed beyond their 95% CIs")
     if args.out is not None:
-        out = output_dir(args.out, [args.cal_a, args.cal_b])
+        out = output_dir(args.out, [args.cal_a, args.cal_b], DIFF_FILES)
         doc = document(cal_a, cal_b, items, out)
-        atomic_write_text(out / "diff.html", to_html(doc, out))
-        atomic_write_text(out / "diff.md", to_markdown(doc))
-        print(f"wrote {out / 'diff.html'} and {out / 'diff.md'}")
+        write(doc, out)
     return 1 if args.check and changed else 0

@@ -14,6 +14,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter, LogLocator  # noqa: E
 from microbench.atomic import atomic_write  # noqa: E402
 from microbench.sizes import format_size  # noqa: E402
 from reports.document import FigureRef  # noqa: E402
+from reports.output import FIGURES  # noqa: E402
 
 COLORS = matplotlib.colormaps["tab10"].colors
 US = 1e6
@@ -53,10 +54,10 @@ def save_figure(fig: Figure, root: Path, name: str, title: str, caption: str, sv
     """Write figures/NAME.png (and .svg) under the report directory `root`, each atomically."""
     fig.draw_without_rendering()   # lay out once (the costly part), then draw each format with that layout
     fig.set_layout_engine(None)
-    rel_png = Path("figures") / f"{name}.png"
+    rel_png = Path(FIGURES) / f"{name}.png"
     atomic_write(root / rel_png, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     rel_svg = None
     if svg:
-        rel_svg = Path("figures") / f"{name}.svg"
+        rel_svg = Path(FIGURES) / f"{name}.svg"
         atomic_write(root / rel_svg, lambda tmp: fig.savefig(tmp, format="svg"))
     return FigureRef(title, caption, rel_png, rel_svg)

@@ -62,10 +62,14 @@ def build(runs_dirs: list[str], cal_path: str | None, validation_dir: str | None
     return Document(title, f"Built from {inputs}.", tuple(sections))
 
 
+REPORT_FILES = ("report.html", "report.md")
+"""The page (figures embedded) and its Markdown (figures beside it)."""
+
+
 def write(doc: Document, out: Path) -> tuple[Path, Path]:
-    """report.html (figures embedded) and report.md (figures beside it), each written atomically."""
-    html = atomic_write_text(out / "report.html", to_html(doc, out))
-    md = atomic_write_text(out / "report.md", to_markdown(doc))
+    """REPORT_FILES, each written atomically."""
+    html = atomic_write_text(out / REPORT_FILES[0], to_html(doc, out))
+    md = atomic_write_text(out / REPORT_FILES[1], to_markdown(doc))
     return html, md
 
 
@@ -77,7 +81,8 @@ def _one(given: list[str], option: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = output_dir(args.out, [*args.run, *args.calibration, *args.validation, *args.scan])
+    out = output_dir(args.out, [*args.run, *args.calibration, *args.validation, *args.scan],
+                     REPORT_FILES)
     runs = [Path(r).resolve() for r in args.run]
     if len(set(runs)) < len(runs):
         raise UsageError("--run: the same run directory given twice")

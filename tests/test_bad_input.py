@@ -169,6 +169,24 @@ CASES = {
                          "--memory-cap: size '0' must be a positive"),
     "predict_negative_bytes": (["predict", "{cal}", "--op", "allreduce", "--link", "intra", "--procs", "2",
                                 "--bytes", "-1"], "--bytes: size '-1' must be a positive"),
+    "table_of_a_name_too_long": (["table", "{tmp}/" + "a" * 300 + ".json"], "File name too long"),
+    "fit_to_a_name_too_long": (["fit", str(RUN), "--out", "{tmp}/" + "a" * 300 + ".json", "--quiet"],
+                               "File name too long"),
+    "export_to_a_name_too_long": (["export", "{cal}", "--format", "calculon", "--out", "{tmp}/" + "a" * 300],
+                                  "File name too long"),
+    "report_into_a_name_too_long": (["report", "--calibration", "{cal}", "--out", "{tmp}/" + "a" * 300],
+                                    "File name too long"),
+    "dry_run_of_a_billion_rounds": (["sweep", "--dry-run", "--nodes", "2", "--rounds", "1000000000"],
+                                    "--rounds at most"),
+    "dry_run_of_a_billion_retries": (["sweep", "--dry-run", "--nodes", "2", "--retries", "1000000000"],
+                                     "--retries at most"),
+    "dry_run_budget_beyond_any_clock": (["sweep", "--dry-run", "--nodes", "2", "--point-budget", "1e308"],
+                                        "--point-budget at most"),
+    "dry_run_samples_beyond_the_cap": (["sweep", "--dry-run", "--nodes", "2", "--min-samples", "9" * 20],
+                                       "--min-samples at most"),
+    "scan_of_a_million_rounds": (["scan", "--dry-run", "--nodes", "2", "--rounds", "1000000"], "--rounds at most"),
+    "validate_budget_beyond_any_clock": (["validate", "{cal}", "--out", "{tmp}/v", "--quick", "--budget", "1e300"],
+                                         "--budget at most"),
 }
 CALS = {"inf_gemm": lambda d: d["compute"]["gemm"]["float32"].update(latency_s=1e308),   # every GEMM price overflows
         "int4": lambda d: d["compute"]["gemm"].update(int4=d["compute"]["gemm"].pop("float32")),
@@ -247,3 +265,51 @@ def test_reports_write_beside_their_inputs_and_name_a_validation(argv, says, cal
     code, _, err = run_main(capsys, args)
     assert code == 2 and err.count("\n") == 1 and says in err, err
     assert sorted(p.name for p in run.rglob("*")) == before
+
+
+@pytest.mark.parametrize("command,name", [("report", "report.md"), ("diff", "diff.md"), ("report", "figures")])
+def test_a_report_that_cannot_write_one_of_its_files_writes_none(command, name, cal, tmp_path, capsys):
+    """--out whose report.md (or diff.md) is a directory, or whose figures/ is a file: refused before any figure or
+    page is drawn, so nothing half of a report is left beside what was there."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).mkdir() if name.endswith(".md") else (out / name).write_text("")
+    argv = ["report", "--calibration", str(cal)] if command == "report" else ["diff", str(cal), str(cal)]
+    code, _, err = run_main(capsys, [*argv, "--out", str(out)])
+    assert code == 2 and err.count("\n") == 1 and name in err, err
+    assert sorted(p.name for p in out.iterdir()) == [name] and not list(out.rglob("*.png"))
+
+
+def test_a_launchers_rank_variables_do_not_silence_a_command_of_one_process(cal, capsys, monkeypatch):
+    """table, fit, predict ... run as one process: a shell inside a Slurm step (SLURM_PROCID=1) still gets their
+    error line at once; only the subcommands every rank of a job runs leave it to rank 0."""
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    code, _, err = run_main(capsys, ["table", str(cal.parent / "none.json")])
+    assert code == 2 and err.count("\n") == 1 and "none.json" in err, err
+
+
+@pytest.mark.parametrize("strategy", ["-.n", "-.n/ws", "-.-"])
+def test_a_strategy_id_that_begins_with_a_dash_is_a_value(strategy, cal, capsys):
+    """`--strategy -.n/ws` as docs/cli.md writes it (an axis left replicated first), not only `--strategy=-.n/ws`."""
+    code, out, err = run_main(capsys, ["predict", str(cal), "--layer", "linear:m=64,k=64,n=64", "--mesh", "2x2",
+                                       "--strategy", strategy])
+    assert code == 0 and strategy in out, err
+
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda meta: meta["topology"]["levels"][0].update(groups=[]), "run.json: malformed topology"),
+    (lambda meta: meta.update(origin={"peer": "bogus", "logs": 5}), "the calibration fitted from"),
+])
+def test_a_runs_file_no_schema_allows_is_named_not_the_output(change, says, tmp_path, capsys):
+    """A value of a run's run.json that the calibration's schema refuses is the run's fault: the line names the run
+    (or the calibration fitted from it), not the --out it never wrote."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    meta = json.loads((run / "run.json").read_text())
+    change(meta)
+    (run / "run.json").write_text(json.dumps(meta))
+    out = tmp_path / "cal.json"
+    code, _, err = run_main(capsys, ["fit", str(run), "--out", str(out), "--quiet"])
+    assert code == 2 and err.count("\n") == 1 and says in err and str(out) not in err, err
+    assert not out.exists()
