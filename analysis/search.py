@@ -23,6 +23,7 @@ from analysis.pricing import Pricer, resolve
 from analysis.redistribute import Plan, adjoint, dual, plan
 from analysis.sbp import B, P, Signature
 from analysis.strategies import Selection
+from microbench.errors import UsageError
 
 
 def round_trip(shape, itemsize, src: Signature, dst: Signature, grad_src: Signature, grad_dst: Signature,
@@ -57,6 +58,12 @@ class LayerOptions:
     @property
     def time_s(self) -> np.ndarray:
         return self.comm_s + self.compute_s
+
+
+MAX_PAIRS = 1 << 21
+"""The most strategy pairs between adjacent layers one search plans a redistribution for (each 20-100 us, and kept in
+memory): a few minutes at most. Each mesh axis multiplies a layer's strategies by 4 or 5, so a transformer's five
+axes hold about ten times as many."""
 
 
 @dataclass
@@ -143,8 +150,13 @@ class Tabulator:
         self._price(new)
         return np.array([self._plans[k] for k in keys])
 
+    @staticmethod
+    def _transition_key(a: LayerOptions, b: LayerOptions) -> tuple:
+        """Transitions between layers of the same shapes are planned once."""
+        return replace(a.layer, name=""), a.need_dx, replace(b.layer, name=""), b.need_dx
+
     def transition(self, a: LayerOptions, b: LayerOptions) -> np.ndarray:
-        key = (replace(a.layer, name=""), a.need_dx, replace(b.layer, name=""), b.need_dx)
+        key = self._transition_key(a, b)
         if key not in self._trans:
             ya = [tp.sigs(a.layer, s) for s in a.strategies]
             xb = [tp.sigs(b.layer, s) for s in b.strategies]
@@ -163,6 +175,12 @@ class Tabulator:
 
     def tables(self, model: Model) -> Tables:
         options = [self.options(layer, i > 0) for i, layer in enumerate(model.layers)]
+        pairs = sum({self._transition_key(a, b): len(a.strategies) * len(b.strategies)
+                     for a, b in zip(options, options[1:])}.values())
+        if pairs > MAX_PAIRS:
+            raise UsageError(f"{model.name} on mesh {'x'.join(map(str, self.pricer.mesh.shape))} has {pairs} strategy "
+                             f"pairs between adjacent layers to plan, more than {MAX_PAIRS} (minutes and gigabytes): "
+                             f"search a mesh of fewer axes")
         transitions = [self.transition(a, b) for a, b in zip(options, options[1:])]
         return Tables(model, self.pricer.mesh, options, transitions, self.final(options[-1]))
 

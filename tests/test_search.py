@@ -243,3 +243,19 @@ def test_coordinate_descent_returns_a_choice_where_every_start_is_infinite(tmp_p
     assert np.isfinite(dp(tables)[1])
     cd = coordinate_descent(tables, restarts=2)
     assert cd is not None and chain_cost(tables, cd) >= dp(tables)[1]
+
+
+def test_a_mesh_whose_strategy_pairs_would_take_minutes_is_refused_before_planning(monkeypatch):
+    """The transitions' strategy pairs are counted before any is planned (shared shapes once): over MAX_PAIRS the
+    search is one line naming the count, not minutes and gigabytes; at it, the same model is searched."""
+    import analysis.search as search
+
+    model = parse_model("mlp:batch=256,d_in=512,d_hidden=1024")
+    tab = Tabulator(Pricer(calibration_from_dict(cal_dict()), Mesh((2, 2), 2)))
+    options = [tab.options(layer, i > 0) for i, layer in enumerate(model.layers)]
+    pairs = sum(len(a.strategies) * len(b.strategies) for a, b in zip(options, options[1:]))
+    monkeypatch.setattr(search, "MAX_PAIRS", pairs - 1)
+    with pytest.raises(UsageError, match=f"has {pairs} strategy pairs"):
+        tab.tables(model)
+    monkeypatch.setattr(search, "MAX_PAIRS", pairs)
+    assert len(tab.tables(model).transitions) == len(options) - 1
