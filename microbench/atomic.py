@@ -23,6 +23,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     device or pipe (/dev/null) is written to directly, never replaced by a file. A path that cannot take a file (a
     directory, a place the system refuses, a full disk, a link loop) is one UsageError line."""
     given = Path(path)
+    if str(path).endswith(("/", os.sep)):       # Path() drops the slash that says "a directory"
+        raise UsageError(f"{path} names a directory: give a file name to write")
     path = Path(os.path.realpath(given))
     if path.is_dir():
         raise UsageError(f"{given} is a directory: give a file name to write")

@@ -169,6 +169,8 @@ CASES = {
                          "--memory-cap: size '0' must be a positive"),
     "predict_negative_bytes": (["predict", "{cal}", "--op", "allreduce", "--link", "intra", "--procs", "2",
                                 "--bytes", "-1"], "--bytes: size '-1' must be a positive"),
+    "export_to_a_directory_not_there": (["export", "{cal}", "--format", "calculon", "--out", "{tmp}/new/"],
+                                        "names a directory"),
     "table_of_a_name_too_long": (["table", "{tmp}/" + "a" * 300 + ".json"], "File name too long"),
     "fit_to_a_name_too_long": (["fit", str(RUN), "--out", "{tmp}/" + "a" * 300 + ".json", "--quiet"],
                                "File name too long"),
