@@ -39,6 +39,7 @@ from microbench.records import load_summary, read_run_json
 from microbench.regimes import HiddenChange, hidden_changes
 from microbench.sizes import format_size, parse_sizes
 from benchmarks import benchmark_parser
+from benchmarks.validate import guarded
 
 OPS = "pingpong,allreduce,allgather,reduce_scatter,alltoall,bcast"
 TARGET_POINTS = 2.0
@@ -174,6 +175,10 @@ def flagged(err: pd.DataFrame, changes: list[HiddenChange]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return guarded(_bench, argv, "bench_between")
+
+
+def _bench(argv: list[str] | None) -> int:
     ap = benchmark_parser("benchmarks.between", __doc__)
     ap.add_argument("--out", required=True, help="directory for the runs (measured afresh) and the calibration")
     ap.add_argument("--launch", default=None,
