@@ -60,16 +60,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{sub}: {message}" if sub else message)   # _fail adds "commcal: "
 
 
-def _fail(message: str, name: str | None) -> int:
+def _fail(message: str, name: str | None, own: bool = False) -> int:
     """The one line and exit 2. Of a subcommand every rank of an MPI job runs (RANK_SUBCOMMANDS), rank 0 prints it
-    and every rank waits for the others before exiting, since a launcher ends the whole job at the first non-zero exit
-    and rank 0 may not have printed yet; any other subcommand is one process, which prints it whatever rank a
-    launcher's variables (inherited from a job step) name."""
+    (any rank, naming itself, where the error may be its `own`, met by no other rank) and every rank waits for the
+    others before exiting, since a launcher ends the whole job at the first non-zero exit and rank 0 may not have
+    printed yet; any other subcommand is one process, which prints it whatever rank a launcher's variables (inherited
+    from a job step) name."""
+    rank = launcher_rank()
     if name not in RANK_SUBCOMMANDS:
         print(f"commcal: error: {message}", file=sys.stderr, flush=True)
         return 2
-    if launcher_rank() == 0:
-        print(f"commcal: error: {message}", file=sys.stderr, flush=True)
+    if rank == 0 or own:
+        print(f"commcal: error: {f'rank {rank}: ' if rank else ''}{message}", file=sys.stderr, flush=True)
     _wait_for_the_job()
     return 2
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("interrupted", name)
     except OSError as exc:      # what no reader or writer foresaw (a name too long for the file system): one line
         where = f"{exc.filename}: " if exc.filename else ""
-        return _fail(f"{where}{exc.strerror or exc}", name)
+        return _fail(f"{where}{exc.strerror or exc}", name, own=True)
 
 
 if __name__ == "__main__":
