@@ -61,6 +61,8 @@ def not_an_input(out: str | os.PathLike, inputs) -> None:
     run reads)."""
     target = Path(os.path.realpath(out))
     for given in inputs:
+        if not str(given):
+            raise UsageError("an input path is empty: give the file or directory to read")
         source = Path(os.path.realpath(given))
         inside = source.is_dir() and source in target.parents
         if target == source or (inside and (target.exists() or target.parent != source)):

@@ -171,6 +171,8 @@ CASES = {
                                 "--bytes", "-1"], "--bytes: size '-1' must be a positive"),
     "export_to_a_directory_not_there": (["export", "{cal}", "--format", "calculon", "--out", "{tmp}/new/"],
                                         "names a directory"),
+    "export_of_an_empty_path": (["export", "", "--format", "calculon", "--out", "{tmp}/x.json"],
+                                "an input path is empty"),
     "table_of_a_name_too_long": (["table", "{tmp}/" + "a" * 300 + ".json"], "File name too long"),
     "fit_to_a_name_too_long": (["fit", str(RUN), "--out", "{tmp}/" + "a" * 300 + ".json", "--quiet"],
                                "File name too long"),
