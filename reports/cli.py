@@ -78,14 +78,18 @@ def _fail(message: str, name: str | None, own: bool = False) -> int:
 
 def _wait_for_the_job() -> None:
     """Hold this rank until every rank has reached its error (rank 0 having printed), at most FAIL_GRACE_S: through
-    a polled MPI Ibarrier where the subcommand has initialised MPI (all ranks failing alike leave at once), else, on
-    ranks other than 0, a plain wait. Never initialises MPI itself."""
+    a polled MPI Ibarrier where the subcommand has initialised MPI (all ranks failing alike leave at once; where some
+    never arrive, the job is aborted with code 2), else, on ranks other than 0, a plain wait. Never initialises MPI
+    itself."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
         request = mpi.COMM_WORLD.Ibarrier()
         deadline = time.monotonic() + FAIL_GRACE_S
         while not request.Test() and time.monotonic() < deadline:
             time.sleep(0.005)
+        if not request.Test():
+            # a rank that met no error waits in a collective for this one: finalising would hang the job
+            mpi.COMM_WORLD.Abort(2)
     elif launcher_rank() != 0:
         time.sleep(FAIL_GRACE_S)
 

@@ -595,3 +595,15 @@ def test_topology_file_is_recorded_and_bad_ones_are_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("commcal: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "inter2: the topology has 1 switch level" in errors[0], \
         proc.stderr
+
+
+def test_an_error_one_rank_meets_ends_the_job_with_its_line(tmp_path):
+    """A path the file system refuses (a name over 255 bytes) fails where rank 0 makes the run directory while the
+    other rank waits for it in a collective: the job ends in seconds with exit 2 and the line naming the path, where
+    finalising MPI on rank 0 alone would hang it."""
+    out = tmp_path / ("a" * 300)
+    t0 = time.monotonic()
+    proc = run_mpi(2, ["sweep", "--out", str(out), "--ops", "pingpong", "--sizes", "8", *FAST], timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "commcal: error: " in proc.stderr and "File name too long" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 60
