@@ -12,10 +12,9 @@ from microbench.errors import UsageError
 from microbench.scanfile import read_scan
 from reports import diff, scan_diff
 from reports.document import Document, Note, Section, Text
-from microbench.atomic import atomic_write_text
 from reports.output import output_dir
 from reports.plotting import save_figure
-from reports.render import to_html, to_markdown
+from reports.render import write_pages
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +54,7 @@ DIFF_FILES = ("diff.html", "diff.md")
 
 def write(doc: Document, out: Path) -> None:
     """DIFF_FILES, each written atomically, and a line saying so."""
-    html, md = (out / name for name in DIFF_FILES)
-    atomic_write_text(html, to_html(doc, out))
-    atomic_write_text(md, to_markdown(doc))
+    html, md = write_pages(doc, out, DIFF_FILES)
     print(f"wrote {html} and {md}")
 
 

@@ -7,6 +7,7 @@ import html
 import re
 from pathlib import Path
 
+from microbench.atomic import atomic_write_text
 from reports.document import Document, FigureRef, Note, Table, Text
 
 _CSS = """
@@ -102,3 +103,13 @@ def _md_block(block) -> str:
         svg = f" ([SVG]({block.svg.as_posix()}))" if block.svg else ""
         return f"![{block.title}]({block.png.as_posix()})\n\n*{block.title}.* {block.caption}{svg}"
     raise TypeError(f"unknown block {block!r}")
+
+
+def write_pages(doc: Document, out: Path, names: tuple[str, str]) -> tuple[Path, Path]:
+    """out/names[0] (HTML, figures embedded) and out/names[1] (Markdown, figures beside it), each written
+    atomically."""
+    html_path, md_path = out / names[0], out / names[1]
+    atomic_write_text(html_path, to_html(doc, out))
+    atomic_write_text(md_path, to_markdown(doc))
+    return html_path, md_path
+

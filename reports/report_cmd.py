@@ -10,9 +10,8 @@ from calib.calibration import load_calibration
 from microbench.scanfile import read_scan
 from reports import calibration_view, measurements, provenance, scan_view, validation_view
 from reports.document import Document, Section
-from microbench.atomic import atomic_write_text
 from reports.output import output_dir
-from reports.render import to_html, to_markdown
+from reports.render import write_pages
 from reports.runs import load_runs
 
 
@@ -68,9 +67,7 @@ REPORT_FILES = ("report.html", "report.md")
 
 def write(doc: Document, out: Path) -> tuple[Path, Path]:
     """REPORT_FILES, each written atomically."""
-    html = atomic_write_text(out / REPORT_FILES[0], to_html(doc, out))
-    md = atomic_write_text(out / REPORT_FILES[1], to_markdown(doc))
-    return html, md
+    return write_pages(doc, out, REPORT_FILES)
 
 
 def _one(given: list[str], option: str) -> str | None:
