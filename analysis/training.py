@@ -171,8 +171,12 @@ def parse_config(text: str) -> Config:
         raise UsageError(f"config {text!r}: zero must be one of {ZERO_STAGES}")
     if given.get("recompute", "none") not in RECOMPUTE:
         raise UsageError(f"config {text!r}: recompute must be one of {', '.join(RECOMPUTE)}")
-    return Config(given["t"], given["p"], given["d"], given["mb"],
-                  parse_schedule(given.get("schedule", "1f1b"), given.get("v", 1)), given.get("zero", 0),
+    schedule = parse_schedule(given.get("schedule", "1f1b"), given.get("v", 1))
+    if "v" in given and schedule.name != "interleaved" and given["v"] != 1:
+        raise UsageError(f"config {text!r}: v={given['v']} applies only to schedule=interleaved, not {schedule}")
+    if "v" in given and schedule.v != given["v"]:
+        raise UsageError(f"config {text!r} gives v={given['v']} and schedule {schedule}: one would hide the other")
+    return Config(given["t"], given["p"], given["d"], given["mb"], schedule, given.get("zero", 0),
                   given.get("sp", False), given.get("recompute", "none"), given.get("overlap", False))
 
 
