@@ -62,7 +62,7 @@ def _provenance(meta: dict, run_dir: Path, run_id: str) -> dict:
             "versions": {str(k): str(v) for k, v in versions.items()},
             **records.conditions(meta.get("options", {}), f"{run_dir}/run.json"),
             **({"page_policy": advice} if (advice := records.page_advice(meta.get("page_policy"))) else {}),
-            "method": records.timing_method(meta),
+            "method": records.timing_method(meta, f"{run_dir}/run.json"),
             **({"origin": meta["origin"]} if isinstance(meta.get("origin"), dict) else {}),
             **({"mpi_thread_level": level} if (level := _thread_level(meta)) else {}), **_sweep_path(meta),
             **({"cpu_sharing": share} if (share := recorded_sharing(meta.get("cpu_sharing"))) else {})}

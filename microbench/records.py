@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
 from microbench.jsonfile import directory_kind, read_json
-from microbench.limits import MAX_BYTES, MAX_COUNT
+from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_GEMM
+from microbench.methods import METHODS
 
 RUN_SCHEMA = "commcal.run"
 RUN_SCHEMA_VERSION = 1
@@ -127,20 +128,24 @@ def conditions(options: dict, where: str = "run.json") -> dict:
     except (AttributeError, TypeError, ValueError, OverflowError):
         found = None
     if found is None or found["cache"] not in ("cold", "warm") or not 0 <= found["gap_ms"] < math.inf \
-            or found["after_gemm"] < 0:
-        raise UsageError(f"{where}: key 'options' does not hold a sweep's options (cache cold or warm, gap_ms and "
-                         f"after_gemm >= 0)")
+            or not 0 <= found["after_gemm"] <= MAX_GEMM:
+        raise UsageError(f"{where}: key 'options' does not hold a sweep's options (cache cold or warm, gap_ms >= 0, "
+                         f"after_gemm 0..{MAX_GEMM})")
     return found
 
 
-def timing_method(meta: dict) -> str:
+def timing_method(meta: dict, where: str = "run.json") -> str:
     """How a run's times were taken (microbench.methods): an imported peer log's origin method, a sweep's --method,
     or 'commcal' (sweeps before --method)."""
-    origin = meta.get("origin")
+    origin, options = meta.get("origin"), meta.get("options")
     if isinstance(origin, dict) and origin.get("method"):
-        return str(origin["method"])
-    options = meta.get("options")
-    return str(options.get("method") or "commcal") if isinstance(options, dict) else "commcal"
+        found, key = origin["method"], "origin"
+    else:
+        found, key = (options.get("method") if isinstance(options, dict) else None) or "commcal", "options"
+    if not isinstance(found, str) or found not in METHODS:
+        raise UsageError(f"{where}: key '{key}' names the timing method {str(found)[:40]!r}, not one of "
+                         f"{', '.join(METHODS)}")
+    return found
 
 
 def page_advice(policy: str | None) -> str | None:

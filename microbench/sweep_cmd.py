@@ -11,7 +11,7 @@ from microbench.backends import backend_for
 from microbench.buffers import CACHE_MODES, PAGE_POLICIES, set_page_policy
 from microbench.errors import UsageError
 from microbench.flags import Presets, add_backend_argument, add_quick_argument, add_stop_arguments, check_stop_bounds
-from microbench.limits import MAX_RANKS
+from microbench.limits import MAX_GEMM, MAX_RANKS
 from microbench.methods import METHODS, method_for
 from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
@@ -122,8 +122,8 @@ def build_config(args: argparse.Namespace, world_size: int, dtypes: dict[str, tu
         raise UsageError("--retries must be 0 or more")
     if not 0 <= args.gap_ms <= 1000:
         raise UsageError(f"--gap-ms must be between 0 and 1000, not {args.gap_ms:g}")
-    if not 0 <= args.after_gemm <= 8192:
-        raise UsageError(f"--after-gemm must be between 0 and 8192, not {args.after_gemm}")
+    if not 0 <= args.after_gemm <= MAX_GEMM:
+        raise UsageError(f"--after-gemm must be between 0 and {MAX_GEMM}, not {args.after_gemm}")
     rounds = pick("rounds")
     if rounds < 1:
         raise UsageError("--rounds must be 1 or more")

@@ -310,6 +310,9 @@ def test_a_strategy_id_that_begins_with_a_dash_is_a_value(strategy, cal, capsys)
 @pytest.mark.parametrize("change,says", [
     (lambda meta: meta["topology"]["levels"][0].update(groups=[]), "run.json: malformed topology"),
     (lambda meta: meta.update(origin={"peer": "bogus", "logs": 5}), "the calibration fitted from"),
+    (lambda meta: meta["options"].update(after_gemm=10 ** 30), "run.json: key 'options' does not hold"),
+    (lambda meta: meta["options"].update(method="telepathy"), "names the timing method 'telepathy'"),
+    (lambda meta: meta["options"].update(method=["osu"]), "names the timing method \"['osu']\""),
 ])
 def test_a_runs_file_no_schema_allows_is_named_not_the_output(change, says, tmp_path, capsys):
     """A value of a run's run.json that the calibration's schema refuses is the run's fault: the line names the run
