@@ -131,6 +131,60 @@ def gemm_curve(g: GemmRate) -> list[list[float]]:
     return curve
 
 
+def _number(x, low: float, high: float = float("inf"), low_open: bool = False, high_open: bool = False) -> bool:
+    """x is a finite JSON number (not a boolean) in the range."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) and \
+        (x > low if low_open else x >= low) and (x < high if high_open else x <= high)
+
+
+def _curve_problem(curve) -> str | None:
+    """What is wrong with a Calculon efficiency curve: [[threshold, efficiency], ...], thresholds falling to 0 (so
+    that every size is covered), efficiencies in (0, 1]."""
+    if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) == 2 for p in curve):
+        return "is not a list of [threshold, efficiency] pairs"
+    if not all(_number(t, 0) and _number(e, 0, 1, low_open=True) for t, e in curve):
+        return "holds a threshold below 0 or an efficiency outside (0, 1]"
+    if any(a[0] <= b[0] for a, b in zip(curve, curve[1:])) or curve[-1][0] != 0:
+        return "has thresholds that do not fall to 0"
+    return None
+
+
+def template_problem(template: dict) -> str | None:
+    """The first field of a Calculon system file that export would copy and Calculon's reader would refuse (its
+    types and ranges: processing mode, processors' and memories' rates and curves, each tier's must_be_filled and
+    processor_usage), as 'key: what is wrong'; None when every copied field is one Calculon takes."""
+    checks: list[tuple[str, object]] = []
+    if "processing_mode" in template and template["processing_mode"] not in ("roofline", "no_overlap"):
+        return "processing_mode: is neither roofline nor no_overlap"
+    for name in ("matrix", "vector"):
+        if name in template and not isinstance(template[name], dict):
+            return f"{name}: is not an object of datatypes"
+        for dt, entry in template.get(name, {}).items():
+            if not isinstance(entry, dict) or not _number(entry.get("tflops"), 0, low_open=True):
+                return f"{name}.{dt}: has no tflops above 0"
+            checks.append((f"{name}.{dt}.gflops_efficiency", entry.get("gflops_efficiency")))
+    for name in ("mem1", "mem2"):
+        if name in template:
+            mem = template[name]
+            if not isinstance(mem, dict) or not _number(mem.get("GiB"), 0) or \
+                    not _number(mem.get("GBps"), 0, low_open=True):
+                return f"{name}: lacks GiB >= 0 or GBps above 0"
+            checks.append((f"{name}.MB_efficiency", mem.get("MB_efficiency")))
+    networks = template.get("networks", [])
+    if not isinstance(networks, list) or not all(isinstance(n, dict) for n in networks):
+        return "networks: is not a list of objects"
+    for i, tier in enumerate(networks):
+        if "must_be_filled" in tier and not isinstance(tier["must_be_filled"], bool):
+            return f"networks[{i}].must_be_filled: is not true or false"
+        if "processor_usage" in tier and not _number(tier["processor_usage"], 0, 1, high_open=True):
+            return f"networks[{i}].processor_usage: is not a number in [0, 1)"
+    for key, curve in checks:
+        why = _curve_problem(curve)
+        if why:
+            return f"{key}: {why}"
+    return None
+
+
 def calculon(cal: Calibration, sizes: list[int] | None = None, template: dict | None = None) -> Export:
     """Calculon's system JSON: a network tier per level (bandwidth in GB/s at efficiency 1, the measured rate;
     latency in s; size the devices the tier spans; op scalars and offsets from the fitted algorithms) and a matrix

@@ -58,6 +58,9 @@ def read_template(path: str) -> dict:
                          f"file")
     if not isinstance(template, dict) or not set(template) & set(SYSTEM_KEYS):
         raise UsageError(f"{path}: not a Calculon system file (a JSON object holding some of {', '.join(SYSTEM_KEYS)})")
+    problem = export.template_problem(template)
+    if problem:
+        raise UsageError(f"{path}: {problem} (Calculon's reader would refuse the system written from it)")
     return template
 
 

@@ -372,6 +372,31 @@ def test_calculon_export_refuses_a_template_that_is_no_calculon_system(capsys, t
     assert not (tmp_path / "s.json").exists()
 
 
+@pytest.mark.parametrize("key, value, says", [
+    ("processing_mode", "fast", "processing_mode: is neither"),
+    ("networks", [{"must_be_filled": "yes"}], "networks[0].must_be_filled: is not true or false"),
+    ("networks", [{"processor_usage": 1.0}], "networks[0].processor_usage: is not a number in [0, 1)"),
+    ("networks", {"must_be_filled": True}, "networks: is not a list"),
+    ("mem1", {"GiB": 80, "GBps": "fast", "MB_efficiency": [[0, 1]]}, "mem1: lacks GiB >= 0 or GBps above 0"),
+    ("mem2", {"GiB": 80, "GBps": 50, "MB_efficiency": [[1, 0.5], [10, 0.9], [0, 0.1]]}, "do not fall to 0"),
+    ("mem2", {"GiB": 80, "GBps": 50, "MB_efficiency": [[10, 0.5]]}, "mem2.MB_efficiency: has thresholds"),
+    ("vector", {"float16": {"tflops": 78, "gflops_efficiency": [[0, 1.5]]}}, "an efficiency outside (0, 1]"),
+    ("vector", {"float16": {"tflops": True, "gflops_efficiency": [[0, 1]]}}, "vector.float16: has no tflops"),
+    ("matrix", {"float8": {"tflops": 2.0, "gflops_efficiency": [0, 0.5]}}, "is not a list of [threshold"),
+    ("matrix", [1, 2], "matrix: is not an object"),
+])
+def test_a_template_field_calculon_would_refuse_is_one_line(key, value, says, capsys, tmp_path):
+    """A template field export would copy into the system, of a type or range Calculon's reader asserts against
+    (calculon/system.py, network.py, processor.py, memory.py), is refused by name; nothing is written."""
+    spec = tmp_path / "spec.json"
+    assert main_quiet(["calibration", "from-spec", "selene", "--out", str(spec)]) == 0
+    (tmp_path / "t.json").write_text(json.dumps({**TEMPLATE, key: value}))
+    code, _, err = run_main(capsys, ["export", str(spec), "--format", "calculon", "--template",
+                                     str(tmp_path / "t.json"), "--out", str(tmp_path / "s.json")])
+    assert code == 2 and err.count("\n") == 1 and says in err and "t.json" in err, err
+    assert not (tmp_path / "s.json").exists()
+
+
 def test_a_spec_whose_network_spans_two_nodes_exports(capsys, tmp_path):
     """The smallest two-tier spec calibration.from-spec takes (the network two nodes) is one export takes."""
     spec = json.loads((Path(__file__).parent.parent / "calib" / "selene.spec.json").read_text())
@@ -382,6 +407,17 @@ def test_a_spec_whose_network_spans_two_nodes_exports(capsys, tmp_path):
     assert [t["size"] for t in json.loads((tmp_path / "s.json").read_text())["networks"]] == [8, 16]
 
 
+TEMPLATE = {"matrix": {"float16": {"tflops": 1.0, "gflops_efficiency": [[0, 0.5]]},
+                       "float8": {"tflops": 2.0, "gflops_efficiency": [[0, 0.5]]}},
+            "vector": {"float16": {"tflops": 1.0, "gflops_efficiency": [[16, 0.9], [0, 0.2]]}},
+            "mem1": {"GiB": 80, "GBps": 2000, "MB_efficiency": [[0, 1.0]]},
+            "mem2": {"GiB": 512, "GBps": 50, "MB_efficiency": [[0, 1.0]]},
+            "processing_mode": "no_overlap",
+            "networks": [{"must_be_filled": True, "processor_usage": 0.15, "bandwidth": 1.0},
+                         {"must_be_filled": False, "processor_usage": 0.0}]}
+"""A Calculon system file's fields a template completes an export with, of the types Calculon's readers take."""
+
+
 def test_calculon_export_completed_by_a_template_loads_as_calculon_reads_it(capsys, tmp_path):
     """A spec calibration exported with a template: every key Calculon's System, Network and Processor readers
     require is there (calculon/system.py, network.py, processor.py: exact network keys, all four ops, matrix
@@ -390,14 +426,7 @@ def test_calculon_export_completed_by_a_template_loads_as_calculon_reads_it(caps
     thresholds' sizes as the calibration's rate and latency do."""
     spec = tmp_path / "spec.json"
     assert main_quiet(["calibration", "from-spec", "selene", "--out", str(spec)]) == 0
-    template = {"matrix": {"float16": {"tflops": 1.0, "gflops_efficiency": [[0, 0.5]]},
-                           "float8": {"tflops": 2.0, "gflops_efficiency": [[0, 0.5]]}},
-                "vector": {"float16": {"tflops": 1.0, "gflops_efficiency": [[0, 1.0]]}},
-                "mem1": {"GiB": 80, "GBps": 2000, "MB_efficiency": [[0, 1.0]]},
-                "mem2": {"GiB": 512, "GBps": 50, "MB_efficiency": [[0, 1.0]]},
-                "processing_mode": "no_overlap",
-                "networks": [{"must_be_filled": True, "processor_usage": 0.15, "bandwidth": 1.0},
-                             {"must_be_filled": False, "processor_usage": 0.0}]}
+    template = TEMPLATE
     (tmp_path / "t.json").write_text(json.dumps(template))
     code, stdout, err = run_main(capsys, ["export", str(spec), "--format", "calculon", "--template",
                                           str(tmp_path / "t.json"), "--out", str(tmp_path / "s.json")])
