@@ -10,7 +10,7 @@ from pathlib import Path
 
 from microbench.atomic import atomic_write_json
 from microbench.errors import UsageError
-from microbench.jsonfile import read_json
+from microbench.jsonfile import input_path, read_json
 from microbench.limits import MAX_RANKS, MAX_SECONDS
 
 FORMAT = "commcal-profile"
@@ -135,7 +135,7 @@ def profile_from_dict(data, path: str = "") -> Profile:
 
 def load_profile(path) -> Profile:
     """Read and check a profile file; any problem is one UsageError line."""
-    p = Path(path)
+    p = input_path(path)
     data = read_json(p, "profile")
     try:
         return profile_from_dict(data, str(p))

@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from calib.algorithms import P2P_OPS, algorithm, known_algorithms, piecewise_terms, segment_bounds
 from calib.result import LAUNCH_WARN, SCHEMA, VERSION, CalibrationResult, Model, Speeds
 from microbench.errors import UsageError
-from microbench.jsonfile import read_json
+from microbench.jsonfile import input_path, read_json
 from microbench.ops import known_dtype
 from microbench.provenance import SHARED_SWEEP
 
@@ -398,5 +398,5 @@ def calibration_from_dict(data: dict, path: str | None = None) -> Calibration:
 
 def load_calibration(path) -> Calibration:
     """Read, validate and wrap a calibration file; any problem is one UsageError line."""
-    p = Path(path)
+    p = input_path(path)
     return calibration_from_dict(read_json(p, "calibration"), str(p))

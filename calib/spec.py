@@ -23,7 +23,7 @@ from calib.algorithms import CANDIDATES, P2P_OPS
 from calib.result import CalibrationResult, CopyRate, GemmRate, p2p_of
 from calib.synthetic import TrueModel, exact_models, link_shape
 from microbench.errors import UsageError
-from microbench.jsonfile import read_json
+from microbench.jsonfile import input_path, read_json
 from microbench.limits import MAX_RANKS
 from microbench.links import meaning
 from microbench.ops import itemsize
@@ -175,7 +175,7 @@ def load_spec(path) -> CalibrationResult:
 
 def read_spec(path) -> dict:
     """The JSON of a spec file, or of a shipped one by name (e.g. 'selene')."""
-    p = Path(path)
+    p = input_path(path)
     if not p.exists() and p.suffix == "":
         shipped = Path(__file__).with_name(f"{p.name}.spec.json")
         p = shipped if shipped.exists() else p

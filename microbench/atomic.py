@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from microbench.errors import UsageError
+from microbench.jsonfile import input_path
 
 
 def _umask() -> int:
@@ -61,9 +62,7 @@ def not_an_input(out: str | os.PathLike, inputs) -> None:
     run reads)."""
     target = Path(os.path.realpath(out))
     for given in inputs:
-        if not str(given):
-            raise UsageError("an input path is empty: give the file or directory to read")
-        source = Path(os.path.realpath(given))
+        source = Path(os.path.realpath(input_path(given)))
         inside = source.is_dir() and source in target.parents
         if target == source or (inside and (target.exists() or target.parent != source)):
             raise UsageError(f"--out {out} would overwrite the input {given}, or write into it; choose another path")

@@ -48,6 +48,13 @@ def directory_kind(path) -> str | None:
     return next((kind for name, kind in DIRECTORY_KINDS.items() if (p / name).is_file()), None)
 
 
+def input_path(path) -> Path:
+    """`path` as a Path; an empty one is a UsageError (Path("") would read the working directory)."""
+    if not str(path):
+        raise UsageError("an input path is empty: give the file or directory to read")
+    return Path(path)
+
+
 def _read_bytes(p: Path, what: str, shown, kind: str) -> bytes:
     """The bytes of `p`, at most MAX_FILE_BYTES of `kind` ("JSON", "text"); a directory, an unreadable file or more
     is one UsageError line."""
@@ -74,7 +81,7 @@ def _decode(raw: bytes, what: str, shown) -> str:
 def read_text(path, what: str, shown=None) -> str:
     """The text of `path`, a file holding a `what` (e.g. "topology file"); `shown`: the name errors give it (default
     the path). A missing, unreadable or oversized file, or bytes that are not UTF-8, are one UsageError line."""
-    p, shown = Path(path), path if shown is None else shown
+    p, shown = input_path(path), path if shown is None else shown
     return _decode(_read_bytes(p, what, shown, "text"), what, shown)
 
 
@@ -82,7 +89,7 @@ def read_json(path, what: str, shown=None, finite: bool = True):
     """The parsed JSON of `path`, a file holding a `what` (e.g. "calibration"); `shown`: the name errors give it
     (default the path); finite=False reads NaN and Infinity too (a run's records hold NaN where a statistic has no
     value)."""
-    p, shown = Path(path), path if shown is None else shown
+    p, shown = input_path(path), path if shown is None else shown
     text = _decode(_read_bytes(p, what, shown, "JSON"), what, shown)
     try:
         return json.loads(text, parse_int=_bounded_int, **({"parse_constant": _reject_constant} if finite else {}))

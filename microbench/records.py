@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from microbench.errors import UsageError
-from microbench.jsonfile import directory_kind, read_json
+from microbench.jsonfile import directory_kind, input_path, read_json
 from microbench.limits import MAX_BYTES, MAX_COUNT, MAX_GEMM
 from microbench.methods import METHODS
 
@@ -158,7 +158,7 @@ def page_advice(policy: str | None) -> str | None:
 
 
 def read_run_json(run_dir: str | Path) -> dict:
-    return read_meta(Path(run_dir) / "run.json", RUN_SCHEMA, RUN_SCHEMA_VERSION, "a commcal run directory")
+    return read_meta(input_path(run_dir) / "run.json", RUN_SCHEMA, RUN_SCHEMA_VERSION, "a commcal run directory")
 
 
 def read_meta(path: Path, schema: str, version: int, what: str) -> dict:
@@ -188,7 +188,7 @@ def read_parquet(path: Path, columns: list[str] | None = None, categorical: bool
 
 def load_summary(run_dir: str | Path) -> pd.DataFrame:
     """Every finished point's summary row; from summary.parquet, or from points/ if the run was cut short."""
-    run_dir = Path(run_dir)
+    run_dir = input_path(run_dir)
     read_run_json(run_dir)
     consolidated = run_dir / "summary.parquet"
     if consolidated.is_file():

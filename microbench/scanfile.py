@@ -23,6 +23,7 @@ import pandas as pd
 
 from microbench.atomic import atomic_write, atomic_write_json
 from microbench.errors import UsageError
+from microbench.jsonfile import input_path
 from microbench.outliers import Rule, Verdict, judge_nodes, judge_pairs
 from microbench.records import read_meta, read_parquet
 from microbench.limits import MAX_BYTES
@@ -226,7 +227,7 @@ class Scan:
 
 def read_scan(path: str | Path) -> Scan:
     """A scan directory, checked: UsageError (one line) for a missing, corrupt or malformed one."""
-    path = Path(path)
+    path = input_path(path)
     meta = read_meta(path / "scan.json", SCAN_SCHEMA, SCAN_SCHEMA_VERSION, "a commcal scan directory")
     nodes = meta.get("nodes")
     if not (isinstance(nodes, list) and len(nodes) >= 2 and all(isinstance(n, str) for n in nodes)

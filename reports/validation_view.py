@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from microbench.errors import UsageError
-from microbench.jsonfile import read_json
+from microbench.jsonfile import input_path, read_json
 from microbench.limits import MAX_SECONDS
 from microbench.provenance import recorded_sharing, sharing_text
 from microbench.stats import SPEED_GAP
@@ -241,7 +241,7 @@ def _read_strategies(path: Path) -> pd.DataFrame:
 
 def load_validation(path: str | Path) -> Validation:
     """Read DIR per the module contract; UsageError if DIR holds neither file or a file is corrupt."""
-    path = Path(path)
+    path = input_path(path)
     summary = path / "summary.json"
     table = next((path / f"strategies.{ext}" for ext in ("parquet", "csv") if (path / f"strategies.{ext}").is_file()),
                  None)

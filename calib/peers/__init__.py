@@ -7,6 +7,7 @@ from pathlib import Path
 
 from calib.peers import imb, nccl_tests, osu
 from calib.peers.model import Job, PeerLog, fail
+from microbench.jsonfile import input_path
 from microbench.limits import MAX_FILE_BYTES
 
 READERS = (nccl_tests.read_json, nccl_tests.read_text, osu.read_text, imb.read_text)
@@ -30,7 +31,7 @@ def one_run(path: Path, text: str) -> None:
 def read_log(path: str | Path, job: Job = Job()) -> PeerLog:
     """The log at `path`, whichever peer wrote it; UsageError (one line naming the file and line) otherwise.
     `job`: what the caller knows of the job that the log may not say."""
-    path = Path(path)
+    path = input_path(path)
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
