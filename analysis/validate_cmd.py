@@ -14,7 +14,8 @@ data parallelism, ZeRO 1) run for real and ranked against analysis.training's pr
 from __future__ import annotations
 
 import argparse
-from contextlib import suppress
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,21 +117,20 @@ class Config:
 
 def check_out(out: str) -> None:
     """--out, before anything is measured: a directory of its own or an earlier validation's, never a file, a sweep
-    run or a scan (whose run.json validate's would replace)."""
+    run or a scan (whose run.json validate's would replace), and somewhere this process can write: a directory of
+    its own made and removed in the nearest existing one (every rank of a job probes at once, so none may touch
+    the path itself)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
     kind = directory_kind(path) if path.is_dir() else None
     if kind not in (None, "a validation directory"):
         raise UsageError(f"--out {out}: {kind}, which validate's files would replace; give a directory of its own")
-    missing = [p for p in (path, *path.parents) if not p.exists()]    # innermost first
+    nearest = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor or "."))
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".commcal-probe-", dir=nearest))
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
-    for made in missing:      # made only to learn it can be: a refusal later leaves nothing behind
-        with suppress(OSError):   # another rank of the job may have removed it first
-            made.rmdir()
 
 
 def config(args) -> Config:

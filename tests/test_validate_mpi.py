@@ -173,6 +173,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, ranks, args, says):
     assert not (tmp_path / "v").exists()
 
 
+def _check_out_often(out: str, times: int) -> str:
+    """check_out(out) `times` times in this process; the first error's text, or ''."""
+    from analysis.validate_cmd import check_out
+    from microbench.errors import UsageError
+    try:
+        for _ in range(times):
+            check_out(out)
+    except UsageError as exc:
+        return str(exc)
+    return ""
+
+
+def test_every_rank_checking_a_new_out_at_once_passes(tmp_path):
+    """Every rank of a job checks --out before MPI starts, at the same moment: a probe of one rank never makes
+    another's fail (a probe that made and removed the --out path itself did, now and then: 'cannot write (File
+    exists)'), and none leaves anything behind."""
+    import multiprocessing
+    out = str(tmp_path / "new" / "v")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        errors = pool.starmap(_check_out_often, [(out, 300)] * 4)
+    assert errors == [""] * 4 and list(tmp_path.iterdir()) == [], errors
+
+
 @pytest.mark.parametrize("where,says", [("run", "a sweep run directory, which validate's files would replace"),
                                         ("file", "exists and is not a directory"),
                                         ("/proc/commcal-x", "cannot write")])
@@ -323,6 +346,28 @@ def test_validate_sh_passes_its_backend_knob_and_refuses_a_bad_one(tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     argv = json.loads((tmp_path / "g" / "run.json").read_text())["argv"]
     assert argv[argv.index("--backend") + 1] == "mpi", argv
+
+
+def test_validate_sh_run_twice_keeps_the_first_validation(tmp_path):
+    """slurm/validate.sh twice with its default output: the second job writes the day's -2 directory beside the
+    first, whose measurements it leaves as they were (validate would replace an earlier validation's files)."""
+    import os
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))     # commcal is not installed
+    env = mpi_env() | {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "COMMCAL_LAUNCHER": "mpirun", "PYTHONPATH": path,
+                       "COMMCAL": shlex.join([sys.executable, "-m", "reports.cli"]), "COMMCAL_PRESET": "full",
+                       "COMMCAL_CALIBRATION": calibration(tmp_path / "cal.json"), "COMMCAL_OUT_DIR": str(tmp_path),
+                       "COMMCAL_VALIDATE_ARGS": shlex.join(["--mesh", "2", "--layer", "linear:m=8,k=8,n=8", *FAST])}
+    env.pop("COMMCAL_VALIDATE_OUT", None)
+    kept = None
+    for k in (1, 2):
+        proc = subprocess.run(["bash", str(REPO / "slurm" / "validate.sh")], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs = sorted(tmp_path.glob("validate-*"), key=lambda p: len(p.name))
+        assert len(outs) == k and all((p / "summary.json").is_file() for p in outs), outs
+        assert kept is None or (outs[0] / "run.json").read_bytes() == kept
+        kept = (outs[0] / "run.json").read_bytes()
+    assert outs[1].name == f"{outs[0].name}-2" and f"done: {outs[1]}" in proc.stdout, proc.stdout
 
 
 def test_bench_rescore_reprices_a_stored_validate_as_validate_priced_it(tmp_path):
