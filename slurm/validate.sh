@@ -16,7 +16,8 @@
 #   COMMCAL_OUT_DIR       results directory (default: commcal-out in the job's working directory:
 #                       the submit directory, or sbatch --chdir=DIR)
 #   COMMCAL_CALIBRATION   calibration file (default: the newest $COMMCAL_OUT_DIR/CLUSTER-*.json)
-#   COMMCAL_VALIDATE_OUT  validation output (default: $COMMCAL_OUT_DIR/validate-CLUSTER-YYYY-MM-DD)
+#   COMMCAL_VALIDATE_OUT  validation output (default: $COMMCAL_OUT_DIR/validate-CLUSTER-YYYY-MM-DD, or its
+#                         first free -K suffix: an earlier job's validation is never replaced)
 #   COMMCAL_PRESET        quick (default: small layers, loose target) | full (give --layer specs in
 #                         COMMCAL_VALIDATE_ARGS)
 #   COMMCAL_VALIDATE_ARGS more `commcal validate` arguments, verbatim (e.g. --mesh 2x2 --layer mlp:...)
@@ -59,7 +60,10 @@ if [ -z "$calibration" ]; then
   [ -n "$calibration" ] || fail "no calibration in $out_dir for $cluster: run slurm/sweep.sh first or set COMMCAL_CALIBRATION" 2
 fi
 [ -f "$calibration" ] || fail "calibration $calibration does not exist" 2
-vout=${COMMCAL_VALIDATE_OUT:-$out_dir/validate-$cluster-$(date +%Y-%m-%d)}
+day=$(date +%Y-%m-%d)
+vout=${COMMCAL_VALIDATE_OUT:-$out_dir/validate-$cluster-$day}
+k=1   # an earlier job's validation is never replaced: the first free -K suffix
+while [ -z "${COMMCAL_VALIDATE_OUT:-}" ] && [ -e "$vout" ]; do k=$((k + 1)); vout=$out_dir/validate-$cluster-$day-$k; done
 
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
