@@ -11,15 +11,19 @@
 #   sbatch slurm/sweep.sh                                  2 nodes x 2 tasks, 1 hour, every operation
 #   sbatch -N 4 --ntasks-per-node=8 -t 2:00:00 slurm/sweep.sh
 #   COMMCAL_PRESET=quick sbatch slurm/sweep.sh             a first look in a few minutes
-#   sbatch slurm/sweep.sh   (again, same settings)        resumes the unfinished points of the run
+#   sbatch slurm/sweep.sh   (again, same settings)        resumes the run if it was cut short, else
+#                                                          measures a new one (RUN-2, RUN-3, ...)
 #
 # The #SBATCH lines above are defaults; options on the sbatch command line override them.
 # Knobs (environment variables, exported to the job by sbatch):
 #   COMMCAL_OUT_DIR     results directory (default: commcal-out in the job's working directory:
 #                       the submit directory, or sbatch --chdir=DIR)
-#   COMMCAL_RUN_NAME    run directory under it (default: sweep-CLUSTER-NODESxTASKS_PER_NODE-BACKEND-PRESET);
-#                       a resubmission with the same name resumes it; pick a new name to start afresh
-#   COMMCAL_CALIBRATION calibration file (default: $COMMCAL_OUT_DIR/CLUSTER-YYYY-MM-DD.json)
+#   COMMCAL_RUN_NAME    run directory under it (default: sweep-CLUSTER-NODESxTASKS_PER_NODE-BACKEND-PRESET,
+#                       or its first -K suffix whose run no job finished: a finished run is never measured
+#                       into again, so a job next week calibrates from next week's measurements); a named run
+#                       is always resumed (refitted, when it was finished)
+#   COMMCAL_CALIBRATION calibration file (default: $COMMCAL_OUT_DIR/CLUSTER-YYYY-MM-DD.json, or its first
+#                       free -K suffix: an earlier job's calibration is never overwritten)
 #   COMMCAL_PRESET      quick | full (default full: the sweep's own defaults, sizes 8 B-64 MiB)
 #   COMMCAL_OPS         operations, e.g. allreduce,allgather,pingpong (default: all)
 #   COMMCAL_SIZES       message sizes, e.g. 8:16M or 8,1K,1M,4M (default: the preset's)
@@ -81,7 +85,13 @@ case $preset in quick | full) ;; *) fail "COMMCAL_PRESET must be quick or full, 
 out_dir=${COMMCAL_OUT_DIR:-$work_dir/commcal-out}
 run_name=${COMMCAL_RUN_NAME:-sweep-$cluster-${nodes}x${per_node}-$backend-$preset}
 run_dir=$out_dir/$run_name
-calibration=${COMMCAL_CALIBRATION:-$out_dir/$cluster-$(date +%Y-%m-%d).json}
+finished=.sweep-sh-finished   # written into a run directory once its calibration is fitted
+k=1
+while [ -z "${COMMCAL_RUN_NAME:-}" ] && [ -e "$run_dir/$finished" ]; do k=$((k + 1)); run_dir=$out_dir/$run_name-$k; done
+day=$(date +%Y-%m-%d)
+calibration=${COMMCAL_CALIBRATION:-$out_dir/$cluster-$day.json}
+k=1
+while [ -z "${COMMCAL_CALIBRATION:-}" ] && [ -e "$calibration" ]; do k=$((k + 1)); calibration=$out_dir/$cluster-$day-$k.json; done
 mkdir -p "$out_dir" "$(dirname "$calibration")"
 
 sweep_args=(sweep --out "$run_dir" --resume --backend "$backend")
@@ -150,6 +160,8 @@ fi
 say "step 2/3: ${COMMCAL_CMD[*]} ${fit_args[*]}"
 "${COMMCAL_CMD[@]}" "${fit_args[@]}" || fail "commcal fit exited $?"
 [ -s "$calibration" ] || fail "commcal fit wrote no $calibration"
+printf 'job %s fitted %s\n' "$SLURM_JOB_ID" "$calibration" >"$run_dir/$finished.tmp"
+mv -f "$run_dir/$finished.tmp" "$run_dir/$finished"
 
 # --- 3. report (when the installed commcal has one) ------------------------------------------------
 report_dir=${calibration%.json}-report

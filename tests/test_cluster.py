@@ -31,6 +31,7 @@ from test_pipeline import FAST as TRAINING_FAST
 from test_pipeline import MODEL as TRAINING_MODEL
 from microbench import memcopy
 from microbench.provenance import STEAL_WARN
+from microbench.records import read_run_json
 
 pytestmark = pytest.mark.cluster
 
@@ -591,6 +592,33 @@ def test_time_limit_kill_keeps_points_and_resubmission_resumes(cluster):
     cluster.wait(job, 60)
     m = re.search(r"(\d+) points \((\d+) already done, (\d+) partly\)", log_path.read_text())
     assert m and int(m.group(2)) + int(m.group(3)) >= kept, log_path.read_text()
+
+
+def test_sbatch_sweep_sh_after_a_finished_job_measures_a_new_run_and_keeps_the_first_calibration(cluster):
+    """The default path run again (next week, say) with the same settings: the finished run is not resumed and
+    refitted into a calibration of stale measurements, but a new run (RUN-2) is measured, and the first job's
+    calibration is not overwritten (a -2 name beside it); its run is left as it was."""
+    out = cluster.work / "again"
+    env = {"COMMCAL_PRESET": "quick", "COMMCAL_OPS": "pingpong", "COMMCAL_SIZES": "4K,16K,64K,256K",
+           "COMMCAL_LINKS": "intra", "COMMCAL_OUT_DIR": str(out), "COMMCAL_AFTER_GEMM": "0",
+           "COMMCAL_REPORT": "0", "COMMCAL_ROUNDS": "1", "COMMCAL_LAUNCHES": "1"}
+    first = cluster.sbatch("-o", "again-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(first, 240)
+    assert ok, f"{text}\n{(cluster.work / f'again-{first}.out').read_text()}"
+    (run,) = out.glob("sweep-*")
+    cal = next(out.glob("localcluster-*.json"))
+    before = cal.read_bytes(), (run / "summary.csv").stat().st_mtime_ns
+    second = cluster.sbatch("-o", "again-%j.out", str(SWEEP), env=env)
+    ok, text = cluster.wait(second, 240)
+    log = (cluster.work / f"again-{second}.out").read_text()
+    assert ok, f"{text}\n{log}"
+    assert sorted(p.name for p in out.glob("sweep-*")) == [run.name, f"{run.name}-2"], log
+    assert f"run directory {run}-2" in log and "(0 already done, 0 partly)" in log, log
+    cals = sorted(out.glob("localcluster-*.json"))
+    assert len(cals) == 2 and (cal.read_bytes(), (run / "summary.csv").stat().st_mtime_ns) == before, cals
+    newer = json.loads(next(c for c in cals if c != cal).read_text())
+    assert newer["provenance"]["runs"][0]["run_id"] == read_run_json(Path(f"{run}-2"))["run_id"] \
+        != read_run_json(run)["run_id"]
 
 
 def test_plain_mpirun_sweep_across_the_nodes(cluster):
