@@ -116,6 +116,11 @@ def node_names(hosts: list[str], per_rank: bool) -> list[str]:
 
 
 def print_plan(args: argparse.Namespace) -> int:
+    """--dry-run: the scan these nodes would run and its estimated time; refused where the scan would be (too few
+    nodes, a bad MPI4PY_RC_THREAD_LEVEL)."""
+    from microbench.threads import resolve
+
+    resolve(None, "mpi")
     dry = plan.dry_run(args)
     check_nodes(dry.nodes)
     cfg = build_config(args)

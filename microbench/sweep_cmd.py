@@ -17,7 +17,7 @@ from microbench.ops import LOCAL_OPS, OPS, parse_ops
 from microbench.sizes import parse_sizes
 from microbench.stats import StopRule
 from microbench.switches import Topology, discover, read_topology
-from microbench.threads import LEVELS, choose, record
+from microbench.threads import LEVELS, choose, record, resolve
 from microbench.topology import parse_links, parse_procs
 
 DEFAULT_SIZES = "8:64M,1448,2896,5792,11584,23168,46344"
@@ -218,7 +218,9 @@ def check_resume(earlier: dict | None, conditions: dict, pages: str) -> None:
 
 def print_plan(args: argparse.Namespace) -> int:
     """--dry-run: the sweep this allocation would measure (sweep.plan on its shape, MPI left uninitialised), its
-    estimated time, and how it splits into allocations of --time-limit."""
+    estimated time, and how it splits into allocations of --time-limit. The thread level is checked as the sweep
+    would check it (before mpi4py reads MPI4PY_RC_THREAD_LEVEL and warns of a bad one)."""
+    resolve(args.thread_level, args.backend)
     dry = plan.dry_run(args)
     world = dry.nodes * dry.per_node
     nodes, topology = _dry_nodes(args.topology, dry.nodes)

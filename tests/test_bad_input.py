@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calib.synthetic import synthetic_calibration
-from conftest import run_main
+from conftest import mpi_env, run_cli, run_main
 from microbench.jsonfile import strict_json
 
 SPEC = Path(__file__).parent.parent / "calib" / "selene.spec.json"
@@ -300,6 +300,16 @@ def test_a_launchers_rank_variables_do_not_silence_a_command_of_one_process(cal,
     monkeypatch.setenv("SLURM_PROCID", "1")
     code, _, err = run_main(capsys, ["table", str(cal.parent / "none.json")])
     assert code == 2 and err.count("\n") == 1 and "none.json" in err, err
+
+
+@pytest.mark.parametrize("command", [["sweep", "--dry-run", "--quick", "--nodes", "2"],
+                                     ["scan", "--dry-run", "--nodes", "4"]])
+def test_a_bad_thread_level_in_the_environment_is_one_line_in_a_dry_run_too(command):
+    """MPI4PY_RC_THREAD_LEVEL=garbage: a dry run gives the line the run would give (sweep's imports mpi4py without
+    initialising MPI: no warning of mpi4py's own before the line)."""
+    proc = run_cli(command, env={**mpi_env(), "MPI4PY_RC_THREAD_LEVEL": "garbage"}, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "MPI4PY_RC_THREAD_LEVEL 'garbage' is not a thread level" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("strategy", ["-.n", "-.n/ws", "-.-"])
