@@ -136,7 +136,8 @@ def conditions(options: dict, where: str = "run.json") -> dict:
 
 def timing_method(meta: dict, where: str = "run.json") -> str:
     """How a run's times were taken (microbench.methods): an imported peer log's origin method, a sweep's --method,
-    or 'commcal' (sweeps before --method)."""
+    or 'commcal' (sweeps before --method); a name none of those is (no writer of ours gives one) is a UsageError
+    naming `where`."""
     origin, options = meta.get("origin"), meta.get("options")
     if isinstance(origin, dict) and origin.get("method"):
         found, key = origin["method"], "origin"
