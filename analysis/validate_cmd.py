@@ -126,7 +126,7 @@ def check_out(out: str) -> None:
     kind = directory_kind(path) if path.is_dir() else None
     if kind not in (None, "a validation directory"):
         raise UsageError(f"--out {out}: {kind}, which validate's files would replace; give a directory of its own")
-    nearest = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor or "."))
+    nearest = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".commcal-probe-", dir=nearest))
     except OSError as exc:

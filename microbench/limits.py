@@ -15,7 +15,7 @@ of --min-samples."""
 MAX_ROUNDS = 1000
 """The most rounds, or retries, a run makes: each is a pass over every point, which a dry run plans one by one."""
 MAX_GEMM = 8192
-"""The largest N of the N x N GEMM a sweep runs before each call (--after-gemm): 512 MiB of float64 operands."""
+"""The largest N of the N x N GEMM a sweep runs before each call (--after-gemm): 512 MiB for each float64 operand."""
 MAX_SECONDS = 1e6
 """The longest time one call or step may take (11.6 days)."""
 MAX_FILE_BYTES = 256 << 20

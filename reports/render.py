@@ -112,4 +112,3 @@ def write_pages(doc: Document, out: Path, names: tuple[str, str]) -> tuple[Path,
     atomic_write_text(html_path, to_html(doc, out))
     atomic_write_text(md_path, to_markdown(doc))
     return html_path, md_path
-
