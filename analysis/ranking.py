@@ -1,6 +1,7 @@
 """How well predicted times rank strategies the way measured times do (lower is better). Pure numpy/scipy.
 
-Per layer: Kendall tau-b and Spearman rho, top-1 hit, top-k overlap, pairwise order accuracy, regret
+Per layer: Kendall tau-b and Spearman rho, resolved tau (Kendall's tau over the pairs measured more than
+RESOLUTION apart), top-1 hit, top-k overlap, pairwise order accuracy, regret
 (measured time of the predicted best over the measured best, minus 1) and mean accuracy 1 - |pred - meas| /
 meas (the ParaDL oracle's definition). Ties in prediction count against the model: the predicted best is
 the predicted-fastest strategy with the largest measured time. Over layers a metric is the mean of the
@@ -14,7 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-NAMES = ("kendall_tau", "spearman_rho", "top1", "topk_overlap", "pairwise_accuracy", "regret", "mean_accuracy")
+NAMES = ("kendall_tau", "resolved_tau", "spearman_rho", "top1", "topk_overlap", "pairwise_accuracy", "regret",
+         "mean_accuracy")
+
+# Pairs of strategies whose measured times lie closer than this share of the faster's are left out of resolved_tau:
+# the regret target (3%), so that a pair either of which a planner may pick without missing it is not a ranking claim.
+RESOLUTION = 0.03
 
 
 def _pair(pred, meas) -> tuple[np.ndarray, np.ndarray]:
@@ -37,6 +43,8 @@ def batch_metrics(pred: np.ndarray, meas: np.ndarray, k: int = 3) -> dict[str, n
     i, j = np.triu_indices(n, 1)
     sp, sm = np.sign(pred[:, i] - pred[:, j]), np.sign(meas[:, i] - meas[:, j])
     tau = _ratio((sp * sm).sum(1), np.sqrt((sp != 0).sum(1) * (sm != 0).sum(1)))
+    apart = np.abs(meas[:, i] - meas[:, j]) > RESOLUTION * np.minimum(meas[:, i], meas[:, j])
+    resolved = _ratio((sp * sm * apart).sum(1), apart.sum(1).astype(float))
     rp = stats.rankdata(pred, axis=1) - (n + 1) / 2
     rm = stats.rankdata(meas, axis=1) - (n + 1) / 2
     rho = _ratio((rp * rm).sum(1), np.sqrt((rp * rp).sum(1) * (rm * rm).sum(1)))
@@ -49,14 +57,14 @@ def batch_metrics(pred: np.ndarray, meas: np.ndarray, k: int = 3) -> dict[str, n
     top_m[rows, np.argsort(meas, 1, kind="stable")[:, :k]] = True
     keep = sm != 0
     agree = np.where(sp == 0, 0.5, (sp == sm).astype(float))
-    return {"kendall_tau": tau, "spearman_rho": rho, "top1": (picked == best).astype(float),
+    return {"kendall_tau": tau, "resolved_tau": resolved, "spearman_rho": rho, "top1": (picked == best).astype(float),
             "topk_overlap": (top_p & top_m).sum(1) / k, "pairwise_accuracy": _ratio((agree * keep).sum(1), keep.sum(1)),
             "regret": picked / best - 1, "mean_accuracy": (1 - np.abs(pred - meas) / meas).mean(1)}
 
 
 def layer_metrics(pred, meas, k: int = 3) -> dict[str, float | None]:
     """One layer's metrics; None where undefined (correlations with fewer than 2 strategies or a constant
-    side, pairwise accuracy when no measured pair differs)."""
+    side, pairwise accuracy when no measured pair differs, resolved tau when none lies RESOLUTION apart)."""
     pred, meas = _pair(pred, meas)
     out = batch_metrics(pred[None], meas[None], k)
     return {name: None if np.isnan(v[0]) else float(v[0]) for name, v in out.items()}

@@ -269,7 +269,7 @@ def write_run(args, cal, mesh: str, hosts: list[str], steal: dict) -> None:
 
 def print_metrics(m: dict) -> None:
     """The headline ranking metrics of a flat metrics dict, end to end and communication only."""
-    for key in ("kendall_tau", "top1", "regret", "mean_accuracy"):
+    for key in ("kendall_tau", "resolved_tau", "top1", "regret", "mean_accuracy"):
         for pre in ("", "comm_"):
             if pre + key in m:
                 print(f"  {(pre or 'total_') + key:<22} {ranking.text(m[pre + key])}")

@@ -489,13 +489,24 @@ def test_inter_node_control_picks_strategies_within_the_regret_target(control):
                           "MLP's. Since -/ws's opening all-gather is priced after compute, the calibration prices the "
                           "pairs as far apart as they run (within 0.3 points, two runs of 2026-11-28 evening), but a "
                           "calibration's error of about 1% on the after-compute all-reduce can still swap the linear "
-                          "pair: too fragile to assert (docs/results.md, \"Verdicts per collective, and the step's "
-                          "opening all-gather priced after compute\")", strict=False)
+                          "pair: too fragile to assert; the next test asserts the pairs measured apart (docs/results.md, "
+                          "\"Verdicts per collective, and the step's opening all-gather priced after compute\")",
+                   strict=False)
 def test_inter_node_control_ranks_strategies_within_the_targets(control):
     """The control's ranking: on the faster validate (Control.faster) the calibration's comm Kendall tau meets
     bench_validate's target (>= 0.9) or ranks nearly as well as the other validate does (RANK_MARGIN): a layer of
     three strategies, two of them within 1.3% of each other, has a tau of 1/3 whenever that pair swaps."""
     low = control.misses("comm_kendall_tau", RANK_MARGIN)
+    assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
+
+
+def test_inter_node_control_ranks_the_strategies_measured_apart_within_the_target(control):
+    """The control's ranking of the pairs its measurement resolves: on the faster validate the calibration's comm
+    resolved tau (Kendall's tau over the strategy pairs measured more than analysis.ranking.RESOLUTION apart, the
+    regret target's tolerance) meets the tau target (>= 0.9), or ranks them nearly as well as the other validate does
+    (RANK_MARGIN). A swap of m and -/ws (measured 0.9-2.2% apart) is left out; a swap of strategies measured further
+    apart is the calibration's."""
+    low = control.misses("comm_resolved_tau", RANK_MARGIN)
     assert not low, f"{low}\n{control.stdout[-3000:]}\n{control.evidence()}"
 
 

@@ -41,6 +41,38 @@ def test_measured_ties_are_left_out_of_pairwise():
     assert m["top1"] == 1 and m["regret"] == 0
 
 
+def test_resolved_tau_judges_only_the_pairs_measured_apart():
+    """A swap of two strategies measured within RESOLUTION of each other is left out; one measured further apart
+    counts in full, and a predicted tie in such a pair counts against the model."""
+    near = 1 + ranking.RESOLUTION / 2
+    m = ranking.layer_metrics([1.0, 0.9, 3.0], [1.0, near, 2.0])
+    assert m["kendall_tau"] == pytest.approx(1 / 3) and m["resolved_tau"] == pytest.approx(1.0)
+    far = 1 + 2 * ranking.RESOLUTION
+    assert ranking.layer_metrics([1.0, 0.9, 3.0], [1.0, far, 2.0])["resolved_tau"] == pytest.approx(1 / 3)
+    assert ranking.layer_metrics([1.0, 1.0, 3.0], [1.0, far, 2.0])["resolved_tau"] == pytest.approx(2 / 3)
+    assert ranking.layer_metrics([3.0, 2.0, 1.0], [1.0, 1.5, 2.0])["resolved_tau"] == pytest.approx(-1.0)
+    assert ranking.layer_metrics([2.0, 1.0], [1.0, near])["resolved_tau"] is None     # no pair measured apart
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(1, 2)), min_size=2, max_size=10))
+def test_resolved_tau_is_kendall_tau_on_pairs_far_apart(pairs):
+    """On every layer: where no measured pair lies within RESOLUTION and no measured or predicted pair ties,
+    resolved tau is Kendall's; in general it is the concordant less the discordant pairs among those measured
+    apart, over their count."""
+    pred, meas = (np.array(v, dtype=float) for v in zip(*pairs))
+    m = ranking.layer_metrics(pred, meas)
+    i, j = np.triu_indices(len(pred), 1)
+    apart = np.abs(meas[i] - meas[j]) > ranking.RESOLUTION * np.minimum(meas[i], meas[j])
+    if not apart.any():
+        assert m["resolved_tau"] is None
+        return
+    want = (np.sign(pred[i] - pred[j]) * np.sign(meas[i] - meas[j]))[apart].mean()
+    assert m["resolved_tau"] == pytest.approx(want)
+    if apart.all() and (pred[i] != pred[j]).all():
+        assert m["resolved_tau"] == pytest.approx(m["kendall_tau"])
+
+
 def test_single_strategy():
     m = ranking.layer_metrics([2.0], [1.0])
     assert m["kendall_tau"] is None and m["spearman_rho"] is None and m["pairwise_accuracy"] is None
