@@ -220,6 +220,9 @@ def _write(args, cfg, mesh, hosts, frame: pd.DataFrame, steps: pd.DataFrame, cal
         "fallbacks": fallbacks,
         "notes": ["metrics without prefix: end to end (forward + backward); comm_*: communication time only, "
                   "over strategies that communicate", "ci95: percentile bootstrap over each layer's strategies",
+                  f"resolved_tau: Kendall's tau over the strategy pairs measured more than {ranking.RESOLUTION:.0%} of "
+                  "the faster apart (a predicted tie counting against the model); absent where no layer has such "
+                  "a pair",
                   "by_link: comm mean accuracy over the strategies whose collectives spent most of their measured "
                   "time on that link class; step_ratios: measured / predicted time of each collective's steps "
                   f"(with slow_steps, those over {1 + SPEED_GAP:.2f}x, where the calibration priced the fast one of "
