@@ -36,9 +36,9 @@ LAYERS = ("linear:m=256,k=1024,n=1024", "mlp:batch=256,d_in=512,d_hidden=1024",
 SWEEP = ["--ops", "allreduce,allgather,reduce_scatter,alltoall,gemm,copy", "--procs", "2",
          "--sizes", "1K:16M", "--gemm-sizes", "256K,1M,4M", "--target-ci", "0.05", "--point-budget", "0.3",
          "--retries", "4"]
-# The ranking targets; comm_resolved_tau holds comm Kendall tau's to the pairs measured more than
-# analysis.ranking.RESOLUTION apart (the regret target's tolerance).
-TARGETS = (("comm_kendall_tau", ">=", 0.9), ("comm_resolved_tau", ">=", 0.9), ("comm_regret", "<=", 0.03),
+# The ranking targets; comm_resolved_tau holds comm Kendall tau's to the pairs measured more than the regret
+# target apart (analysis.ranking.RESOLUTION is that target, defined once).
+TARGETS = (("comm_kendall_tau", ">=", 0.9), ("comm_resolved_tau", ">=", 0.9), ("comm_regret", "<=", ranking.RESOLUTION),
            ("comm_mean_accuracy", ">=", 0.95))
 
 

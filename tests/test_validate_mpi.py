@@ -18,7 +18,7 @@ import pytest
 from calib.synthetic import synthetic_calibration
 from conftest import REPO, mpi_env, mpiexec_argv, run_main, run_mpi
 from repeats import ACCURACY_MARGIN, RANK_MARGIN, Validates
-from analysis import attribution
+from analysis import attribution, ranking
 from analysis.harness import TOLERANCE
 from analysis.mesh import parse_mesh
 from analysis.models import parse_model
@@ -112,6 +112,12 @@ def test_directory_is_what_the_report_reads(tmp_path):
     assert len(val.strategies) == 8 and {"predicted_comm_s", "measured_comm_s"} <= set(val.strategies.columns)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"].startswith("2 ") and "linear.linear" in summary["layers"]
+    want = ranking.flat(ranking.frame_scores(pd.read_parquet(out / "strategies.parquet"), 3, 0, 0))
+    assert "resolved_tau" in want          # 8 strategies, communicating or not: some pair lies RESOLUTION apart
+    for name in ("resolved_tau", "comm_resolved_tau"):
+        assert (name in summary["metrics"]) == (name in want), name
+        if name in want:
+            assert summary["metrics"][name]["value"] == pytest.approx(want[name]["value"]), name
     assert summary["allocator"] == "cache" and summary["memcpy_alias_slowdown"] > 0
     assert summary["page_policy"] == "hugepage"
     assert summary["fallbacks"] == [] and "commcal: warning" not in proc.stderr     # the calibration has intra
